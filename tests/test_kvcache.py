@@ -1,0 +1,77 @@
+"""KVCache and generate: the cache must give exactly what recomputation gives."""
+
+import pytest
+import torch
+
+from tinytf import KVCache, TinyLanguageModel, generate
+
+
+@pytest.fixture
+def model(device):
+    torch.manual_seed(0)
+    return TinyLanguageModel(vocab=40, dim=32, heads=4, layers=3, max_tokens=32).to(device).eval()
+
+
+def test_decode_logits_match_recomputation_every_step(model, device):
+    ids = torch.randint(0, 40, (3, 20), device=device)
+    cache = KVCache.for_model(model, batch=3)
+    with torch.no_grad():
+        full = model(ids)
+        pre = model(ids[:, :8], cache=cache)  # prefill
+        torch.testing.assert_close(pre, full[:, :8], atol=1e-5, rtol=1e-5)
+        for t in range(8, 20):  # one decode step per token
+            step = model(ids[:, t : t + 1], cache=cache)
+            torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+    assert cache.lengths == [20, 20, 20] and cache.seen == 20
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+def test_greedy_generation_identical_with_and_without_cache(device, backend):
+    torch.manual_seed(1)
+    model = TinyLanguageModel(vocab=40, dim=32, heads=4, layers=2, max_tokens=32, backend=backend).to(device)
+    prompts = torch.randint(0, 40, (4, 5), device=device)
+    a = generate(model, prompts, 20, use_cache=True, temperature=0)
+    b = generate(model, prompts, 20, use_cache=False, temperature=0)
+    assert a.shape == (4, 25) and torch.equal(a, b)
+    assert torch.equal(a[:, :5], prompts)
+
+
+def test_sampling_is_reproducible_with_a_generator(model, device):
+    prompts = torch.randint(0, 40, (2, 3), device=device)
+    runs = [generate(model, prompts, 10, top_k=5, generator=torch.Generator(device=device).manual_seed(7)) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_generate_stops_at_max_tokens_with_a_message(model, device):
+    prompts = torch.randint(0, 40, (1, 30), device=device)
+    with pytest.warns(UserWarning, match="max_tokens=32"):
+        out = generate(model, prompts, 10, temperature=0)
+    assert out.shape == (1, 32)
+    with pytest.raises(ValueError, match="max_tokens=32"):
+        generate(model, torch.randint(0, 40, (1, 33), device=device), 1)
+
+
+def test_cache_is_preallocated_and_written_in_place(model):
+    cache = KVCache.for_model(model, batch=2)
+    ptr = cache.k.data_ptr()
+    with torch.no_grad():
+        model(torch.randint(0, 40, (2, 4)), cache=cache)
+        model(torch.randint(0, 40, (2, 1)), cache=cache)
+    assert cache.k.data_ptr() == ptr and cache.shape == (3, 2, 4, 32, 8)
+    assert cache.nbytes() == 2 * 3 * 2 * 4 * 32 * 8 * 4
+
+
+def test_cache_overflow_and_shape_errors(model):
+    cache = KVCache(3, 2, 4, 6, 8)
+    with pytest.raises(ValueError, match=r"overflow.*holds 6 tokens.*4 are written.*3 more"):
+        cache.update(0, torch.zeros(2, 4, 4, 8), torch.zeros(2, 4, 4, 8))
+        cache.update(0, torch.zeros(2, 4, 3, 8), torch.zeros(2, 4, 3, 8))
+    with pytest.raises(ValueError, match=r"\[B=2, H=4, t, d_head=8\].*\[3, 4, 1, 8\]"):
+        cache.update(1, torch.zeros(3, 4, 1, 8), torch.zeros(3, 4, 1, 8))
+    small = KVCache.for_model(model, batch=1, max_tokens=4)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="overflow"):
+            model(torch.randint(0, 40, (1, 5)), cache=small)
+    wrong_batch = KVCache.for_model(model, batch=2)
+    with pytest.raises(ValueError, match="B=2"):
+        model(torch.randint(0, 40, (3, 2)), cache=wrong_batch)

@@ -1,0 +1,80 @@
+"""TinyLanguageModel, lm_loss and train_step."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tinytf import TinyLanguageModel, count_parameters, lm_loss, train_step
+
+
+def test_logits_shape_and_future_leak(device):
+    model = TinyLanguageModel(vocab=50, dim=32, heads=4, layers=2, max_tokens=16).to(device)
+    ids = torch.randint(0, 50, (3, 12), device=device)
+    logits = model(ids)
+    assert logits.shape == (3, 12, 50)
+    ids2 = ids.clone()
+    ids2[:, 7:] = torch.randint(0, 50, (3, 5), device=device)
+    torch.testing.assert_close(model(ids2)[:, :7], logits[:, :7])
+
+
+def test_edge_lengths_and_errors():
+    model = TinyLanguageModel(max_tokens=8)
+    assert model(torch.randint(0, 100, (1, 1))).shape == (1, 1, 100)
+    assert model(torch.randint(0, 100, (1, 8))).shape == (1, 8, 100)
+    with pytest.raises(ValueError, match=r"9 positions.*max_tokens=8"):
+        model(torch.randint(0, 100, (1, 9)))
+    with pytest.raises(ValueError, match=r"integer tensor \[B, T\]"):
+        model(torch.randn(1, 4))
+
+
+def test_parameter_count_computed():
+    v, d, h, n, t = 100, 32, 4, 2, 64
+    model = TinyLanguageModel(v, d, h, n, t)
+    block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+    assert count_parameters(model) == v * d + t * d + n * block + 2 * d + d * v
+
+
+def test_lm_loss_shifts_and_matches_cross_entropy():
+    logits = torch.randn(2, 6, 11)
+    ids = torch.randint(0, 11, (2, 6))
+    expected = F.cross_entropy(logits[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
+    torch.testing.assert_close(lm_loss(logits, ids), expected)
+    # an unshifted loss is a different number
+    assert not torch.allclose(lm_loss(logits, ids), F.cross_entropy(logits.reshape(-1, 11), ids.reshape(-1)))
+
+
+def test_lm_loss_ignores_padding_in_sum_and_denominator():
+    torch.manual_seed(2)
+    pad = 0
+    ids = torch.tensor([[5, 3, 7, 2, 0, 0], [4, 4, 1, 8, 9, 6]])
+    logits = torch.randn(2, 6, 10)
+    loss = lm_loss(logits, ids, pad_id=pad)
+    per_token = F.cross_entropy(logits[:, :-1].reshape(-1, 10), ids[:, 1:].reshape(-1), reduction="none")
+    real = ids[:, 1:].reshape(-1) != pad
+    torch.testing.assert_close(loss, per_token[real].sum() / real.sum())
+    # changing the logits at padded targets changes nothing
+    logits2 = logits.clone()
+    logits2[0, 3:5] += 100
+    torch.testing.assert_close(lm_loss(logits2, ids, pad_id=pad), loss)
+
+
+def test_lm_loss_errors():
+    with pytest.raises(ValueError, match=r"logits \[2, 5, 7\].*ids \[2, 4\]"):
+        lm_loss(torch.randn(2, 5, 7), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="pad_id"):
+        lm_loss(torch.randn(1, 3, 7), torch.zeros(1, 3, dtype=torch.long), pad_id=0)
+
+
+def test_initial_loss_near_log_vocab_and_training_reduces_it():
+    torch.manual_seed(0)
+    model = TinyLanguageModel(vocab=100, dim=32, heads=4, layers=2, max_tokens=16)
+    ids = torch.randint(0, 100, (8, 16))
+    with torch.no_grad():
+        first = lm_loss(model(ids), ids).item()
+    assert abs(first - math.log(100)) < 0.5
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    stats = [train_step(model, opt, ids) for _ in range(30)]
+    assert stats[-1]["loss"] < first - 1.0  # memorising one batch
+    assert all(s["grad_norm"] > 0 and s["lr"] == 3e-3 for s in stats)

@@ -1,0 +1,38 @@
+"""tinytf — hand-written attention and the Transformer block, small enough to read in one sitting.
+
+Masks are boolean with **True = may attend** (the convention of
+``torch.nn.functional.scaled_dot_product_attention``).
+"""
+
+from __future__ import annotations
+
+from .attention import scaled_dot_product_attention
+from .block import TransformerBlock
+from .device import describe_device, pick_device, synchronize
+from .heads import CausalSelfAttention, MultiHeadAttention
+from .kvcache import KVCache, generate
+from .lm import ModelConfig, TinyLanguageModel, lm_loss, train_step
+from .masks import causal_mask, padding_mask
+from .params import count_parameters, parameter_breakdown
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "causal_mask",
+    "padding_mask",
+    "MultiHeadAttention",
+    "CausalSelfAttention",
+    "TransformerBlock",
+    "ModelConfig",
+    "TinyLanguageModel",
+    "lm_loss",
+    "train_step",
+    "KVCache",
+    "generate",
+    "pick_device",
+    "describe_device",
+    "synchronize",
+    "count_parameters",
+    "parameter_breakdown",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from tinytf.course.cli import main
+
+sys.exit(main())

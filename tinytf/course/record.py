@@ -1,0 +1,64 @@
+"""Export a result from inside a graded notebook so a clean process can judge it.
+
+Hidden test cells call ``record(grade_id, value, **inputs)``. During grading the environment
+variable ``TINYTF_RECORD_DIR`` names a folder; each call saves ``{"value": value, "inputs": inputs}``
+to ``<dir>/<grade_id>.pt`` with ``torch.save``. The grader later loads it (``weights_only=True``)
+in a fresh interpreter and asks the judge registered for ``grade_id`` (see
+:mod:`tinytf.course.judges`) whether ``value`` is right for ``inputs``. A student who monkeypatches
+``torch.allclose`` or the test helpers inside their own kernel cannot reach that process.
+Outside grading (``TINYTF_RECORD_DIR`` unset) ``record`` does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["record", "load_records", "RECORD_ENV"]
+
+RECORD_ENV = "TINYTF_RECORD_DIR"
+_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _plain(x: Any) -> Any:
+    """Tensors are detached and moved to the CPU; containers are rebuilt as plain ones."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu").clone()
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    raise TypeError(f"record: cannot export a value of type {type(x).__name__}; pass tensors, numbers, strings, lists or dicts")
+
+
+def record(grade_id: str, value: Any, **inputs: Any) -> None:
+    """Save ``value`` (and the ``inputs`` it was computed from) for the clean-process judge."""
+    folder = os.environ.get(RECORD_ENV)
+    if not folder:
+        return
+    if not _SAFE.match(grade_id):
+        raise ValueError(f"record: grade_id must be letters, digits, '_', '.', '-', got {grade_id!r}")
+    path = Path(folder) / f"{grade_id}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"value": _plain(value), "inputs": _plain(inputs)}, tmp)
+    os.replace(tmp, path)
+
+
+def load_records(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """``{grade_id: {"value": ..., "inputs": {...}}}`` for every record in ``folder`` (safe load)."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(folder).glob("*.pt")):
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - a corrupt record is judged as missing
+            continue
+        if isinstance(data, dict) and "value" in data and isinstance(data.get("inputs"), dict):
+            out[path.stem] = data
+    return out

@@ -1,0 +1,191 @@
+"""Multi-head attention: one fused projection, split into heads, attend, merge, project.
+
+    x [B, T, D] --qkv--> [B, T, 3D] --chunk--> q, k, v [B, T, D]
+      --split--> [B, H, T, d_head] --attention--> [B, H, T, d_head] --merge--> [B, T, D] --proj-->
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import check_mask, scaled_dot_product_attention
+from .masks import causal_mask
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kvcache import KVCache
+
+__all__ = ["MultiHeadAttention", "CausalSelfAttention", "BACKENDS"]
+
+BACKENDS = ("explicit", "sdpa")
+
+
+def _check_heads(dim: int, heads: int) -> None:
+    if heads < 1 or dim < 1:
+        raise ValueError(f"dim and heads must be positive, got dim={dim}, heads={heads}")
+    if dim % heads != 0:
+        near = [h for h in range(1, dim + 1) if dim % h == 0 and abs(h - heads) <= max(2, heads)]
+        raise ValueError(
+            f"dim={dim} is not divisible by heads={heads}: each head needs d_head = dim / heads "
+            f"channels. Choose heads among the divisors of {dim} (e.g. {near}) or change dim."
+        )
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head (self- or cross-) attention with a fused ``qkv`` projection and ``proj`` output.
+
+    ``qkv.weight`` is ``[3D, D]`` laid out as ``[W_q; W_k; W_v]`` — the same packing as
+    ``nn.MultiheadAttention.in_proj_weight`` — so weights copy across directly.
+    ``backend="explicit"`` runs :func:`tinytf.scaled_dot_product_attention`; ``backend="sdpa"``
+    runs PyTorch's fused ``F.scaled_dot_product_attention``. Both give the same result.
+    """
+
+    def __init__(
+        self, dim: int, heads: int, *, bias: bool = True, dropout: float = 0.0, backend: str = "explicit"
+    ) -> None:
+        super().__init__()
+        _check_heads(dim, heads)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.backend = backend
+        self.dropout = dropout
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.proj = nn.Linear(dim, dim, bias=bias)
+        self.attn_drop = nn.Dropout(dropout)
+
+    # -- shape helpers -------------------------------------------------------------------------
+    def split_heads(self, z: torch.Tensor) -> torch.Tensor:
+        """``[B, T, D] -> [B, H, T, d_head]``."""
+        b, t, _ = z.shape
+        return z.view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, T, H, d] -> [B, H, T, d]
+
+    def merge_heads(self, z: torch.Tensor) -> torch.Tensor:
+        """``[B, H, T, d_head] -> [B, T, D]`` (transpose makes it non-contiguous, so reshape)."""
+        b, _, t, _ = z.shape
+        return z.transpose(1, 2).reshape(b, t, self.dim)  # [B, H, T, d] -> [B, T, H, d] -> [B, T, D]
+
+    def _check_input(self, x: torch.Tensor, name: str = "x") -> None:
+        if x.dim() != 3 or x.size(-1) != self.dim:
+            raise ValueError(
+                f"{name} must be [B, T, D] with D={self.dim}, got shape {list(x.shape)}"
+                + (" (add a batch axis with x[None])" if x.dim() == 2 and x.size(-1) == self.dim else "")
+            )
+
+    def project(self, x: torch.Tensor, context: torch.Tensor | None = None):
+        """q, k, v ``[B, H, T, d_head]``; with ``context`` the keys/values come from it."""
+        if context is None:
+            q, k, v = self.qkv(x).chunk(3, dim=-1)  # [B, T, 3D] -> 3 x [B, T, D]
+        else:
+            w_q, w_kv = self.qkv.weight.split([self.dim, 2 * self.dim])  # [D, D], [2D, D]
+            b_q, b_kv = (None, None) if self.qkv.bias is None else self.qkv.bias.split([self.dim, 2 * self.dim])
+            q = F.linear(x, w_q, b_q)  # [B, Tq, D]
+            k, v = F.linear(context, w_kv, b_kv).chunk(2, dim=-1)  # 2 x [B, Tk, D]
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        is_causal: bool,
+        return_weights: bool = False,
+    ):
+        """Attention over heads: q ``[B, H, Tq, d]``, k/v ``[B, H, Tk, d]`` -> ``[B, H, Tq, d]``."""
+        p = self.dropout if self.training else 0.0
+        if self.backend == "sdpa":
+            if return_weights:
+                raise ValueError("return_weights=True needs backend='explicit' (the fused kernel never forms the weights)")
+            t_q, t_k = q.size(-2), k.size(-2)
+            if is_causal and (mask is not None or t_q != t_k):
+                # F.sdpa's is_causal is start-aligned and cannot be combined with a mask:
+                # hand it the end-aligned causal mask explicitly.
+                causal = causal_mask(t_q, t_k, device=q.device)
+                mask = causal if mask is None else mask & causal
+                is_causal = False
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, return_weights=True)
+        if p > 0.0:
+            weights = self.attn_drop(weights)
+            out = weights @ v
+        return (out, weights) if return_weights else out
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        *,
+        return_weights: bool = False,
+    ):
+        """x ``[B, Tq, D]``; context ``[B, Tk, D]`` or None (self-attention).
+
+        mask: bool broadcastable to ``[B, H, Tq, Tk]`` (True = may attend), e.g. ``[Tq, Tk]`` or a
+        padding mask ``[B, 1, 1, Tk]``. Returns ``[B, Tq, D]`` (and weights ``[B, H, Tq, Tk]``).
+        """
+        self._check_input(x)
+        if context is not None:
+            self._check_input(context, "context")
+            if context.size(0) != x.size(0):
+                raise ValueError(f"x {list(x.shape)} and context {list(context.shape)} must share the batch size B")
+        q, k, v = self.project(x, context)
+        if mask is not None:
+            check_mask(mask, (x.size(0), self.heads, q.size(-2), k.size(-2)))
+        res = self.attend(q, k, v, mask, is_causal, return_weights)
+        if return_weights:
+            out, weights = res
+            return self.proj(self.merge_heads(out)), weights
+        return self.proj(self.merge_heads(res))
+
+
+class CausalSelfAttention(MultiHeadAttention):
+    """Decoder self-attention: ``qkv`` + ``proj``, a causal mask, at most ``max_tokens`` positions.
+
+    With a :class:`tinytf.KVCache` the forward computes q/k/v for the new tokens only, writes their
+    k/v into the cache and attends over everything cached (an end-aligned causal mask).
+    """
+
+    def __init__(
+        self, dim: int, heads: int, max_tokens: int, *, dropout: float = 0.0, backend: str = "explicit"
+    ) -> None:
+        super().__init__(dim, heads, bias=True, dropout=dropout, backend=backend)
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        self.max_tokens = max_tokens
+
+    def forward(  # type: ignore[override]
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        return_weights: bool = False,
+    ):
+        """x ``[B, T, D]`` -> ``[B, T, D]``. ``mask`` (optional, e.g. padding ``[B, 1, 1, Tk]``) is
+        combined with the causal mask. With ``cache``, x holds only the new tokens."""
+        self._check_input(x)
+        b, t, _ = x.shape
+        past = 0 if cache is None else cache.lengths[layer]
+        if past + t > self.max_tokens:
+            raise ValueError(
+                f"sequence of {past + t} tokens (x {list(x.shape)}"
+                + (f" after {past} cached" if past else "")
+                + f") is longer than max_tokens={self.max_tokens}. Truncate the input to the last "
+                f"{self.max_tokens} tokens or build the model with a larger max_tokens."
+            )
+        q, k, v = self.project(x)  # each [B, H, T, d_head]
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # [B, H, past + T, d_head]
+        if mask is not None:
+            check_mask(mask, (b, self.heads, t, k.size(-2)))
+        res = self.attend(q, k, v, mask, True, return_weights)
+        if return_weights:
+            out, weights = res
+            return self.proj(self.merge_heads(out)), weights
+        return self.proj(self.merge_heads(res))

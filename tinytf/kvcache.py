@@ -1,0 +1,159 @@
+"""A static KV cache: preallocated key/value buffers per layer, written in place.
+
+    k, v buffers: [layers, B, H, max_tokens, d_head];  lengths[layer] = tokens written so far.
+
+No ``torch.cat`` per decode step: memory is allocated once, the way static caches in serving
+engines work, and each step writes its new k/v at the write position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["KVCache", "generate"]
+
+
+class KVCache:
+    """Per-layer key/value buffers ``[B, H, max_tokens, d_head]`` with a write position per layer."""
+
+    def __init__(
+        self,
+        layers: int,
+        batch: int,
+        heads: int,
+        max_tokens: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        for name, val in (("layers", layers), ("batch", batch), ("heads", heads), ("max_tokens", max_tokens), ("head_dim", head_dim)):
+            if val < 1:
+                raise ValueError(f"KVCache: {name} must be positive, got {val}")
+        shape = (layers, batch, heads, max_tokens, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = [0] * layers
+
+    @classmethod
+    def for_model(cls, model, batch: int, *, max_tokens: int | None = None) -> KVCache:
+        """A cache sized for a :class:`tinytf.TinyLanguageModel` (dtype and device of its weights)."""
+        p = next(model.parameters())
+        attn = model.blocks[0].attn
+        return cls(len(model.blocks), batch, attn.heads, max_tokens or model.max_tokens, attn.head_dim, dtype=p.dtype, device=p.device)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(layers, B, H, max_tokens, d_head)``."""
+        return tuple(self.k.shape)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.k.size(3)
+
+    @property
+    def seen(self) -> int:
+        """Tokens written to every layer (the absolute position of the next token)."""
+        return min(self.lengths)
+
+    def nbytes(self) -> int:
+        """Bytes held by both buffers (allocated capacity, not just the filled part)."""
+        return self.k.numel() * self.k.element_size() * 2
+
+    def reset(self) -> None:
+        self.lengths = [0] * len(self.lengths)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new k/v ``[B, H, t, d_head]`` for ``layer``; return all cached ``[B, H, past + t, d_head]``."""
+        if not 0 <= layer < len(self.lengths):
+            raise ValueError(f"KVCache has {len(self.lengths)} layers, got layer={layer}")
+        _, b, h, cap, d = self.k.shape
+        if k.shape != v.shape or k.dim() != 4 or (k.size(0), k.size(1), k.size(3)) != (b, h, d):
+            raise ValueError(
+                f"KVCache expects k and v of shape [B={b}, H={h}, t, d_head={d}], got k {list(k.shape)}, "
+                f"v {list(v.shape)}. Build the cache with the model's batch size, heads and head width."
+            )
+        past, t = self.lengths[layer], k.size(2)
+        if past + t > cap:
+            raise ValueError(
+                f"KV cache overflow at layer {layer}: it holds {cap} tokens, {past} are written and "
+                f"{t} more were asked for. Create the cache with max_tokens >= {past + t} or start a new one."
+            )
+        self.k[layer, :, :, past : past + t] = k  # in place: no reallocation per step
+        self.v[layer, :, :, past : past + t] = v
+        self.lengths[layer] = past + t
+        return self.k[layer, :, :, : past + t], self.v[layer, :, :, : past + t]
+
+    def __repr__(self) -> str:
+        layers, b, h, cap, d = self.shape
+        return f"KVCache(layers={layers}, B={b}, H={h}, max_tokens={cap}, d_head={d}, seen={self.seen}, dtype={self.k.dtype})"
+
+
+@torch.inference_mode()
+def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> torch.Tensor:
+    """logits ``[B, V]`` -> next ids ``[B, 1]``; greedy when temperature == 0."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+def generate(
+    model,
+    ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    use_cache: bool = True,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Extend ids ``[B, T]`` by up to ``max_new_tokens`` tokens -> ``[B, T + n]``.
+
+    ``use_cache=True``: one prefill over the prompt, then one decode step per token that computes
+    q/k/v for the new token only. ``use_cache=False``: recompute the whole prefix every step (the
+    slow reference). ``temperature=0`` is greedy; ``top_k`` keeps the k most likely tokens.
+    Generation stops at the model's ``max_tokens`` with a warning that says so.
+    """
+    import warnings
+
+    if ids.dim() != 2:
+        raise ValueError(f"generate expects ids [B, T], got shape {list(ids.shape)} (add a batch axis with ids[None])")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    limit = model.max_tokens
+    if ids.size(1) > limit:
+        raise ValueError(f"the prompt has {ids.size(1)} tokens but max_tokens={limit}; keep its last {limit} tokens")
+    n = min(max_new_tokens, limit - ids.size(1))
+    if n < max_new_tokens:
+        warnings.warn(
+            f"generate: stopping after {n} new tokens instead of {max_new_tokens}: the prompt "
+            f"({ids.size(1)}) plus new tokens reach the model's max_tokens={limit}.",
+            stacklevel=2,
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            out = ids
+            if use_cache:
+                cache = KVCache.for_model(model, ids.size(0))
+                logits = model(ids, cache=cache)[:, -1]  # prefill: [B, V]
+                for i in range(n):
+                    nxt = _next_token(logits, temperature, top_k, generator)  # [B, 1]
+                    out = torch.cat([out, nxt], dim=1)
+                    if i + 1 < n:
+                        logits = model(nxt, cache=cache)[:, -1]  # decode one token
+            else:
+                for _ in range(n):
+                    logits = model(out)[:, -1]  # recompute the whole prefix
+                    out = torch.cat([out, _next_token(logits, temperature, top_k, generator)], dim=1)
+        return out
+    finally:
+        model.train(was_training)

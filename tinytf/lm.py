@@ -1,0 +1,126 @@
+"""A tiny decoder-only language model, its next-token loss, and one training step.
+
+    ids [B, T] -> token [B, T, D] + position [1, T, D] -> blocks [B, T, D] -> norm -> lm_head [B, T, V]
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .block import TransformerBlock
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kvcache import KVCache
+
+__all__ = ["ModelConfig", "TinyLanguageModel", "lm_loss", "train_step"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The numbers that fix a model's size (used by :mod:`tinytf.memory` too)."""
+
+    vocab: int = 100
+    dim: int = 32
+    heads: int = 4
+    layers: int = 2
+    max_tokens: int = 64
+    expansion: int = 4
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class TinyLanguageModel(nn.Module):
+    """Decoder-only LM with submodules ``token``, ``position``, ``blocks``, ``norm``, ``lm_head``."""
+
+    def __init__(
+        self, vocab: int = 100, dim: int = 32, heads: int = 4, layers: int = 2, max_tokens: int = 64, **block_kwargs: Any
+    ) -> None:
+        super().__init__()
+        self.config = ModelConfig(vocab, dim, heads, layers, max_tokens, block_kwargs.get("expansion", 4))
+        self.max_tokens = max_tokens
+        self.token = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(max_tokens, dim)
+        self.blocks = nn.ModuleList([TransformerBlock(dim, heads, max_tokens, **block_kwargs) for _ in range(layers)])
+        self.norm = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """ids ``[B, T]`` (int) -> logits ``[B, T, vocab]``.
+
+        With ``cache`` (a :class:`tinytf.KVCache`), ``ids`` are the *new* tokens only: a prefill
+        writes a whole prompt, a decode step one token; positions continue from ``cache.seen``.
+        """
+        if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise ValueError(f"ids must be an integer tensor [B, T], got {ids.dtype} of shape {list(ids.shape)}")
+        b, t = ids.shape
+        start = 0 if cache is None else cache.seen
+        if start + t > self.max_tokens:
+            raise ValueError(
+                f"{start + t} positions (ids {list(ids.shape)}"
+                + (f" after {start} cached" if start else "")
+                + f") exceed max_tokens={self.max_tokens}, the size of the position table. "
+                f"Keep only the last {self.max_tokens} tokens or build the model with a larger max_tokens."
+            )
+        positions = torch.arange(start, start + t, device=ids.device)[None, :]  # [1, T]
+        x = self.token(ids) + self.position(positions)  # [B, T, D]
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, cache=cache, layer=i)
+        return self.lm_head(self.norm(x))  # [B, T, V]
+
+
+def lm_loss(logits: torch.Tensor, ids: torch.Tensor, *, pad_id: int | None = None) -> torch.Tensor:
+    """Next-token cross-entropy. logits ``[B, T, V]`` were computed from ids ``[B, T]``.
+
+    The shift happens here: ``logits[:, :-1]`` predicts ``ids[:, 1:]``. Targets equal to ``pad_id``
+    are ignored and the mean is over real target tokens only.
+    """
+    if logits.dim() != 3 or ids.dim() != 2 or logits.shape[:2] != ids.shape:
+        raise ValueError(
+            f"lm_loss expects logits [B, T, V] computed from ids [B, T]; got logits {list(logits.shape)} "
+            f"and ids {list(ids.shape)}. Pass the full ids: lm_loss shifts them itself."
+        )
+    if ids.size(1) < 2:
+        raise ValueError(f"lm_loss needs T >= 2 to have a next token to predict, got ids {list(ids.shape)}")
+    pred = logits[:, :-1]  # [B, T-1, V]: position t predicts token t+1
+    target = ids[:, 1:]  # [B, T-1]
+    ignore = -100 if pad_id is None else pad_id
+    n_real = (target != ignore).sum()
+    if n_real == 0:
+        raise ValueError("lm_loss: every target token equals pad_id, so there is nothing to learn from")
+    total = F.cross_entropy(pred.reshape(-1, pred.size(-1)), target.reshape(-1), ignore_index=ignore, reduction="sum")
+    return total / n_real  # mean over real tokens only
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ids: torch.Tensor,
+    *,
+    pad_id: int | None = None,
+    clip: float | None = 1.0,
+    scheduler: Any = None,
+) -> dict[str, float]:
+    """One optimisation step: zero grads, forward, :func:`lm_loss`, backward, clip, step.
+
+    Returns ``{"loss", "grad_norm", "lr"}`` (grad_norm before clipping).
+    """
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss = lm_loss(model(ids), ids, pad_id=pad_id)
+    loss.backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    if clip is not None:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    else:
+        grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+    optimizer.step()
+    lr = optimizer.param_groups[0]["lr"]
+    if scheduler is not None:
+        scheduler.step()
+    return {"loss": float(loss.detach()), "grad_norm": grad_norm, "lr": float(lr)}

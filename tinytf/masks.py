@@ -1,0 +1,61 @@
+"""Boolean attention masks. Convention: **True = may attend**, as in
+``torch.nn.functional.scaled_dot_product_attention``, so one mask serves both backends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["causal_mask", "padding_mask"]
+
+
+def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Causal mask ``[t_q, t_k]`` (bool, True = may attend).
+
+    With ``t_k > t_q`` the mask is aligned to the *end*: query ``i`` is the token at absolute
+    position ``t_k - t_q + i`` and sees keys ``0 … t_k - t_q + i``, so the last query sees every key.
+    That is the mask a decode step needs when ``t_q`` new tokens attend over a KV cache of ``t_k``.
+    (Note: ``F.scaled_dot_product_attention(is_causal=True)`` aligns to the *start* instead; the two
+    only agree when ``t_q == t_k``.)
+    """
+    t_k = t_q if t_k is None else t_k
+    if t_q < 1 or t_k < 1:
+        raise ValueError(f"causal_mask needs positive sizes, got t_q={t_q}, t_k={t_k}")
+    if t_k < t_q:
+        raise ValueError(
+            f"causal_mask(t_q={t_q}, t_k={t_k}): an end-aligned causal mask needs t_k >= t_q "
+            "(the keys include the queries' own positions). Pass t_k >= t_q."
+        )
+    ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=t_k - t_q)  # [t_q, t_k]
+
+
+def padding_mask(
+    lengths: Sequence[int] | torch.Tensor,
+    t: int,
+    *,
+    side: str = "right",
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Key-padding mask ``[B, 1, 1, t]`` (bool, True = a real token that may be attended).
+
+    ``lengths[b]`` real tokens per sequence; padding sits on the right (``side="right"``, the
+    usual layout for training) or on the left (``side="left"``, common for batched generation).
+    The two singleton axes broadcast over heads and query positions of ``[B, H, Tq, Tk]`` scores.
+    """
+    if side not in ("right", "left"):
+        raise ValueError(f"padding_mask: side must be 'right' or 'left', got {side!r}")
+    lengths = torch.as_tensor(lengths, device=device)
+    if lengths.dim() != 1:
+        raise ValueError(f"padding_mask: lengths must be 1-D [B], got shape {list(lengths.shape)}")
+    if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise ValueError(f"padding_mask: lengths must be integers, got {lengths.dtype}")
+    if len(lengths) and (int(lengths.min()) < 0 or int(lengths.max()) > t):
+        raise ValueError(f"padding_mask: every length must lie in [0, {t}], got {lengths.tolist()}")
+    pos = torch.arange(t, device=lengths.device)  # [t]
+    if side == "right":
+        keep = pos[None, :] < lengths[:, None]  # [B, t]
+    else:
+        keep = pos[None, :] >= (t - lengths)[:, None]  # [B, t]
+    return keep[:, None, None, :]  # [B, 1, 1, t]

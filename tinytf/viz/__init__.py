@@ -1,0 +1,8 @@
+"""Figures and widgets. Pure figure functions return a matplotlib Figure; each widget wraps one
+with ipywidgets controls and falls back to the static figure in headless runs."""
+
+from __future__ import annotations
+
+from ._front import interactive_figure, is_headless
+
+__all__ = ["interactive_figure", "is_headless"]
