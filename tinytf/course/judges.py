@@ -14,10 +14,11 @@ tinytf/torch, never trust anything else the notebook produced.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["judge", "JUDGES", "run_judge"]
+__all__ = ["judge", "JUDGES", "run_judge", "load_all"]
 
 JUDGES: dict[str, Callable[..., None]] = {}
 
@@ -34,9 +35,22 @@ def judge(grade_id: str) -> Callable[[Callable[..., None]], Callable[..., None]]
     return register
 
 
+def load_all() -> dict[str, Callable[..., None]]:
+    """Import every ``tinytf.course.reference.exNN`` module so its judges register; return JUDGES."""
+    from .reference import EXERCISES
+
+    for ex in EXERCISES:
+        try:
+            importlib.import_module(f"tinytf.course.reference.{ex}")
+        except ModuleNotFoundError as err:
+            if err.name != f"tinytf.course.reference.{ex}":
+                raise
+    return JUDGES
+
+
 def run_judge(grade_id: str, value: Any, inputs: dict[str, Any]) -> tuple[bool, str]:
     """``(passed, message)`` from the judge for ``grade_id``; a judge that crashes fails."""
-    fn = JUDGES.get(grade_id)
+    fn = load_all().get(grade_id)
     if fn is None:
         return True, "no judge registered"
     try:
