@@ -4,5 +4,6 @@ with ipywidgets controls and falls back to the static figure in headless runs.""
 from __future__ import annotations
 
 from ._front import interactive_figure, is_headless
+from .attention import attention_explorer, attention_figure
 
-__all__ = ["interactive_figure", "is_headless"]
+__all__ = ["interactive_figure", "is_headless", "attention_figure", "attention_explorer"]

@@ -1,0 +1,253 @@
+"""The attention explorer: a sentence, a seeded multi-head attention, and its weight heatmap.
+
+Pure part (testable without a browser):
+
+* :func:`explorer_weights` turns the options into tokens, weights ``[H, T, T]`` and the allowed
+  mask ``[T, T]``;
+* :func:`attention_figure` draws one head's weights as a matplotlib Figure — token labels on both
+  axes, blocked cells grey and hatched.
+
+Front end: :func:`attention_explorer` wires ipywidgets controls to :func:`attention_figure` through
+:func:`tinytf.viz.interactive_figure` (live in JupyterLab, the static figure when headless).
+
+Everything is deterministic: each token's embedding is drawn from a generator seeded by the token's
+text (the same word always gets the same vector), positions and the attention weights come from
+``seed``, so the same options always give the same picture.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any
+
+import torch
+
+from ..attention import scaled_dot_product_attention
+from ..heads import MultiHeadAttention
+from ..masks import causal_mask
+from ._front import interactive_figure
+
+__all__ = [
+    "attention_figure",
+    "attention_explorer",
+    "explorer_weights",
+    "tokenize",
+    "MASKS",
+    "SCALINGS",
+    "TOKENIZERS",
+    "PAD",
+]
+
+MASKS = ("none", "causal", "padding", "both")
+SCALINGS = ("1/sqrt(d)", "none", "temperature")
+TOKENIZERS = ("words", "chars")
+PAD = "<pad>"
+DIM = 24  # divisible by 1, 2, 3, 4, 6, 8, 12, 24: every sensible head count works
+MAX_TOKENS = 24  # keeps the heatmap readable
+
+
+def tokenize(sentence: str, mode: str = "words") -> list[str]:
+    """Split ``sentence`` into word tokens (whitespace) or character tokens (spaces shown as ``␣``)."""
+    if mode not in TOKENIZERS:
+        raise ValueError(f"tokenize: mode must be one of {TOKENIZERS}, got {mode!r}")
+    if mode == "words":
+        return sentence.split()
+    return ["␣" if c == " " else c for c in sentence.strip()]
+
+
+def _token_vector(token: str, dim: int, seed: int) -> torch.Tensor:
+    """A fixed random vector ``[dim]`` per token text (seeded by the text, so repeats match)."""
+    g = torch.Generator().manual_seed(zlib.crc32(token.encode()) + 7919 * seed)
+    return torch.randn(dim, generator=g)
+
+
+def _build_tokens(sentence: str, tokenizer: str, mask: str, pad_to: int | None) -> tuple[list[str], int]:
+    """Tokens (padded when the mask uses padding) and the number of real tokens."""
+    tokens = tokenize(sentence, tokenizer)
+    if not tokens:
+        raise ValueError("the sentence is empty: type a few words")
+    if len(tokens) > MAX_TOKENS:
+        raise ValueError(f"{len(tokens)} tokens is too many for a readable heatmap; use at most {MAX_TOKENS}")
+    real = len(tokens)
+    if mask in ("padding", "both"):
+        target = real + 2 if pad_to is None else pad_to
+        if target < real:
+            raise ValueError(f"pad_to={pad_to} is shorter than the sentence ({real} tokens)")
+        tokens = tokens + [PAD] * (target - real)
+    return tokens, real
+
+
+def explorer_weights(
+    sentence: str = "the cat sat on the mat",
+    *,
+    tokenizer: str = "words",
+    heads: int = 2,
+    mask: str = "causal",
+    scaling: str = "1/sqrt(d)",
+    temperature: float = 1.0,
+    pad_to: int | None = None,
+    pad_side: str = "right",
+    seed: int = 0,
+) -> tuple[list[str], torch.Tensor, torch.Tensor, float]:
+    """Run a seeded :class:`tinytf.MultiHeadAttention` (dim 24) over the sentence.
+
+    Returns ``(tokens, weights [H, T, T], allowed [T, T] bool, scale)``. ``scaling`` picks the factor
+    on ``q·kᵀ``: ``"1/sqrt(d)"`` (``1/sqrt(d_head)``), ``"none"`` (1) or ``"temperature"``
+    (``1 / (temperature · sqrt(d_head))``: above 1 flattens, below 1 sharpens). With a padding mask
+    the sentence is padded with ``<pad>`` to ``pad_to`` tokens (default: 2 more), on ``pad_side``.
+    """
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+    if pad_side not in ("right", "left"):
+        raise ValueError(f"pad_side must be 'right' or 'left', got {pad_side!r}")
+    if scaling == "temperature" and not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    tokens, real = _build_tokens(sentence, tokenizer, mask, pad_to)
+    if pad_side == "left":
+        tokens = tokens[real:] + tokens[:real]
+    t = len(tokens)
+
+    gen = torch.Generator().manual_seed(seed)
+    pos = torch.randn(t, DIM, generator=gen)  # [T, D] position vectors
+    tok = torch.stack([_token_vector(w, DIM, seed) for w in tokens])  # [T, D]
+    x = ((tok + pos) / math.sqrt(2.0))[None]  # [1, T, D], entries ~ N(0, 1)
+
+    mha = MultiHeadAttention(DIM, heads)  # raises a clear ValueError when 24 % heads != 0
+    with torch.no_grad():
+        # weights ~ N(0, 1/D): q and k entries then have variance ~1, the setting of chapter 01
+        for p in (mha.qkv.weight, mha.proj.weight):
+            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(DIM))
+        for p in (mha.qkv.bias, mha.proj.bias):
+            p.zero_()
+        q, k, v = mha.project(x)  # each [1, H, T, d_head]
+
+    d_head = DIM // heads
+    scale = {"1/sqrt(d)": 1.0 / math.sqrt(d_head), "none": 1.0}.get(scaling, 1.0 / (temperature * math.sqrt(d_head)))
+
+    allowed = torch.ones(t, t, dtype=torch.bool)  # [Tq, Tk]
+    if mask in ("causal", "both"):
+        allowed &= causal_mask(t)
+    if mask in ("padding", "both"):
+        is_real = torch.tensor([w != PAD for w in tokens])  # [T]
+        allowed &= is_real[None, :]  # key padding: nobody may attend to a <pad> key
+    with torch.no_grad():
+        _, weights = scaled_dot_product_attention(q, k, v, allowed, scale=scale, return_weights=True)
+    return tokens, weights[0], allowed, scale  # [H, T, T]
+
+
+def attention_figure(
+    sentence: str = "the cat sat on the mat",
+    *,
+    tokenizer: str = "words",
+    heads: int = 2,
+    head: int = 0,
+    mask: str = "causal",
+    scaling: str = "1/sqrt(d)",
+    temperature: float = 1.0,
+    pad_to: int | None = None,
+    pad_side: str = "right",
+    seed: int = 0,
+    annotate: bool | None = None,
+) -> Any:
+    """One head's attention weights as a heatmap (a matplotlib Figure; nothing is shown).
+
+    Rows are queries, columns are keys, both labelled with the tokens. Cells the mask blocks are
+    drawn grey and hatched (their weight is exactly 0); allowed cells use a colour scale from 0 to 1.
+    ``annotate`` writes each weight into its cell (default: when there are at most 12 tokens).
+    See :func:`explorer_weights` for the other options.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    if not 0 <= head < heads:
+        raise ValueError(f"head must lie in [0, {heads - 1}] for heads={heads}, got {head}")
+    tokens, weights, allowed, scale = explorer_weights(
+        sentence, tokenizer=tokenizer, heads=heads, mask=mask, scaling=scaling,
+        temperature=temperature, pad_to=pad_to, pad_side=pad_side, seed=seed,
+    )
+    t = len(tokens)
+    w = weights[head].numpy()  # [T, T]
+    blocked = ~allowed.numpy()  # [T, T]
+    annotate = t <= 12 if annotate is None else annotate
+
+    size = 2.2 + 0.42 * t
+    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")  # masked cells: light grey ...
+    im = ax.imshow(np.ma.masked_array(w, mask=blocked), cmap=cmap, vmin=0.0, vmax=1.0)
+    for i, j in zip(*np.nonzero(blocked)):  # ... and hatched, so they read as "blocked", not "0"
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#8c8c8c", lw=0))
+    if annotate:
+        for i in range(t):
+            for j in range(t):
+                if not blocked[i, j]:
+                    ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                            color="black" if w[i, j] > 0.55 else "white")
+    ax.set_xticks(range(t), tokens, rotation=60, ha="right")
+    ax.set_yticks(range(t), tokens)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    scale_txt = {"1/sqrt(d)": f"1/sqrt({DIM // heads})", "none": "1"}.get(scaling, f"1/({temperature:g}·sqrt({DIM // heads}))")
+    ax.set_title(f"head {head} of {heads} · mask: {mask} · scale {scale_txt} = {scale:.3f}", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight (each row sums to 1)")
+    fig.tight_layout()
+    return fig
+
+
+def attention_explorer(
+    sentence: str = "the cat sat on the mat",
+    *,
+    tokenizer: str = "words",
+    heads: int = 2,
+    head: int = 0,
+    mask: str = "causal",
+    scaling: str = "1/sqrt(d)",
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> Any:
+    """Interactive :func:`attention_figure`: sentence, tokeniser, heads, head, mask, scaling, temperature.
+
+    In JupyterLab this shows live controls and returns the ipywidgets container; when headless
+    (``TINYTF_HEADLESS=1``, papermill, nbval, CI) it shows the static figure and returns it.
+    """
+    import ipywidgets as widgets
+
+    divisors = [h for h in range(1, DIM + 1) if DIM % h == 0 and h <= 8]
+    if heads not in divisors:
+        raise ValueError(f"heads must be one of {divisors} (the explorer's model has dim {DIM}), got {heads}")
+    style = {"description_width": "initial"}
+    controls = {
+        "sentence": widgets.Text(value=sentence, description="sentence", continuous_update=False,
+                                 layout=widgets.Layout(width="340px")),
+        "tokenizer": widgets.ToggleButtons(options=list(TOKENIZERS), value=tokenizer, description="tokens",
+                                           style={"button_width": "60px"}),
+        "mask": widgets.Dropdown(options=list(MASKS), value=mask, description="mask", layout=widgets.Layout(width="180px")),
+        "scaling": widgets.Dropdown(options=list(SCALINGS), value=scaling, description="scaling",
+                                    layout=widgets.Layout(width="210px")),
+        "temperature": widgets.FloatLogSlider(value=temperature, base=10, min=-1, max=1, step=0.05, description="temperature",
+                                              continuous_update=False, style=style),
+        "heads": widgets.Dropdown(options=divisors, value=heads, description="heads", layout=widgets.Layout(width="150px")),
+        "head": widgets.IntSlider(value=head, min=0, max=heads - 1, description="head", continuous_update=False),
+    }
+
+    def sync_head(change: dict) -> None:  # keep head < heads; runs before the redraw observer
+        controls["head"].max = change["new"] - 1
+
+    controls["heads"].observe(sync_head, names="value")
+    return interactive_figure(_figure_or_message, controls, fixed={"seed": seed})
+
+
+def _figure_or_message(**options: Any) -> Any:
+    """:func:`attention_figure`, or a small figure stating the problem (say, an empty sentence)."""
+    try:
+        return attention_figure(**options)
+    except ValueError as err:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 1.2))
+        ax.axis("off")
+        ax.text(0.0, 0.5, f"cannot draw: {err}", wrap=True, va="center", fontsize=9, color="#b00020")
+        return fig
