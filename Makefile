@@ -25,7 +25,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 SOLUTIONS := $(sort $(wildcard solutions/*.ipynb))
 NBVAL     := -p no:cacheprovider --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile
 
-.PHONY: help setup lab test lint unit notebooks clean
+.PHONY: help setup lab test lint unit notebooks clean run test-cuda test-ui
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,7 +49,7 @@ lint: $(SETUP) ## ruff on the package, tests and notebooks
 	$(PYTHON) -m ruff check .
 
 unit: $(SETUP) ## unit tests (tests/)
-	$(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile tests
+	$(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile -m "not ui" --ignore=tests/ui tests
 
 notebooks: $(SETUP) ## execute every chapter and solution notebook with nbval (CPU)
 	@if [ -n "$(strip $(NOTEBOOKS) $(SOLUTIONS))" ]; then \
@@ -57,6 +57,43 @@ notebooks: $(SETUP) ## execute every chapter and solution notebook with nbval (C
 	else echo "no notebooks yet"; fi
 
 test: lint unit notebooks ## everything CI runs: lint + unit tests + every notebook executed
+
+run: $(SETUP) ## papermill every notebook into build/executed/ (DEVICE=cpu|cuda), then HTML into build/html/
+	@mkdir -p build/executed build/html
+	@set -e; for nb in $(NOTEBOOKS) $(SOLUTIONS); do \
+	  case $$nb in solutions/*) out=build/executed/solutions/$$(basename $$nb);; *) out=build/executed/$$(basename $$nb);; esac; \
+	  mkdir -p $$(dirname $$out); start=$$(date +%s); \
+	  TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) MPLBACKEND=Agg $(PYTHON) -m papermill --no-progress-bar --log-level WARNING \
+	    --cwd $$(dirname $$nb) -p device $(DEVICE) $$nb $$out; \
+	  echo "ran $$nb on $(DEVICE) in $$(( $$(date +%s) - start )) s -> $$out"; \
+	done
+	@if ls build/executed/*.ipynb >/dev/null 2>&1; then \
+	  $(PYTHON) -m nbconvert --to html --log-level WARN --output-dir build/html build/executed/*.ipynb; fi
+	@if ls build/executed/solutions/*.ipynb >/dev/null 2>&1; then \
+	  $(PYTHON) -m nbconvert --to html --log-level WARN --output-dir build/html/solutions build/executed/solutions/*.ipynb; fi
+	@echo "executed notebooks: build/executed/   HTML: build/html/"
+
+# make test-cuda refuses to start (exit 1, one clear line) unless torch sees a CUDA GPU.
+define CUDA_CHECK
+import sys
+try:
+    import torch
+except ImportError:
+    sys.exit(f"make test-cuda: {sys.executable} cannot import torch; install it or pass PYTHON=<an interpreter with torch>")
+if not torch.cuda.is_available():
+    sys.exit(f"make test-cuda needs a CUDA GPU, but torch.cuda.is_available() is False here (torch {torch.__version__}, "
+             f"built for CUDA {torch.version.cuda}). Run make test for the CPU checks.")
+print(f"make test-cuda: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+endef
+export CUDA_CHECK
+
+test-cuda: $(SETUP) ## unit tests + every notebook on the GPU (TINYTF_DEVICE=cuda); fails clearly without CUDA
+	@$(PYTHON) -c "$$CUDA_CHECK"
+	TINYTF_DEVICE=cuda $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile -m "not ui" --ignore=tests/ui tests
+	$(MAKE) --no-print-directory notebooks DEVICE=cuda PYTHON=$(PYTHON)
+
+test-ui: $(SETUP) ## real-browser test: JupyterLab + Chromium (Playwright) drive chapter 01's attention explorer
+	env -u TINYTF_HEADLESS $(PYTHON) -m pytest -q -p no:cacheprovider -m ui tests/ui
 
 clean: ## remove build outputs and caches (keeps .venv)
 	rm -rf build .pytest_cache .ruff_cache
