@@ -63,7 +63,7 @@ run: $(SETUP) ## papermill every notebook into build/executed/ (DEVICE=cpu|cuda)
 	@set -e; for nb in $(NOTEBOOKS) $(SOLUTIONS); do \
 	  case $$nb in solutions/*) out=build/executed/solutions/$$(basename $$nb);; *) out=build/executed/$$(basename $$nb);; esac; \
 	  mkdir -p $$(dirname $$out); start=$$(date +%s); \
-	  TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) MPLBACKEND=Agg $(PYTHON) -m papermill --no-progress-bar --log-level WARNING \
+	  TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) $(PYTHON) -m papermill --no-progress-bar --log-level WARNING \
 	    --cwd $$(dirname $$nb) -p device $(DEVICE) $$nb $$out; \
 	  echo "ran $$nb on $(DEVICE) in $$(( $$(date +%s) - start )) s -> $$out"; \
 	done
