@@ -65,11 +65,12 @@ def test_chapter_has_title_then_parameters_cell(path: Path):
 @pytest.mark.parametrize("path", CHAPTERS, ids=_id)
 def test_papermill_can_override_the_parameters(path: Path):
     import papermill
+    from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
     found = papermill.inspect_notebook(str(path))  # what `papermill --help-notebook` would list
     assert {"device", "fast"} <= set(found), f"{_id(path)}: papermill sees parameters {sorted(found)}"
-    nb = parameterize_notebook(_read(path), {"device": "cuda", "fast": False}, kernel_name="python3", language="python")
+    nb = parameterize_notebook(load_notebook_node(str(path)), {"device": "cuda", "fast": False}, kernel_name="python3", language="python")
     index, _ = _parameters_cell(nb)
     injected = nb.cells[index + 1]
     assert "injected-parameters" in injected.metadata.get("tags", [])
