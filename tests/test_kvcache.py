@@ -12,7 +12,10 @@ def model(device):
     return TinyLanguageModel(vocab=40, dim=32, heads=4, layers=3, max_tokens=32).to(device).eval()
 
 
-def test_decode_logits_match_recomputation_every_step(model, device):
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+def test_decode_logits_match_recomputation_every_step(device, backend):
+    torch.manual_seed(0)
+    model = TinyLanguageModel(vocab=40, dim=32, heads=4, layers=3, max_tokens=32, backend=backend).to(device).eval()
     ids = torch.randint(0, 40, (3, 20), device=device)
     cache = KVCache.for_model(model, batch=3)
     with torch.no_grad():
@@ -75,3 +78,36 @@ def test_cache_overflow_and_shape_errors(model):
     wrong_batch = KVCache.for_model(model, batch=2)
     with pytest.raises(ValueError, match="B=2"):
         model(torch.randint(0, 40, (3, 2)), cache=wrong_batch)
+
+
+def test_sampled_generation_identical_with_and_without_cache(model, device):
+    prompts = torch.randint(0, 40, (3, 4), device=device)
+    runs = [
+        generate(model, prompts, 15, use_cache=c, temperature=0.8, top_k=10, generator=torch.Generator(device=device).manual_seed(3))
+        for c in (True, False)
+    ]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_reset_cache_gives_the_same_logits_as_a_fresh_one(model, device):
+    a, b = torch.randint(0, 40, (2, 2, 6), device=device)
+    cache = KVCache.for_model(model, batch=2)
+    with torch.no_grad():
+        model(a, cache=cache)
+        cache.reset()
+        assert cache.seen == 0
+        reused = model(b, cache=cache)
+        torch.testing.assert_close(reused, model(b))
+
+
+def test_generate_edge_cases_and_mode(model, device):
+    prompts = torch.randint(0, 40, (2, 3), device=device)
+    model.train()
+    assert torch.equal(generate(model, prompts, 0), prompts)
+    assert model.training  # generate switches to eval and back
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        generate(model, prompts, -1)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, prompts[:, :0], 3)
+    with pytest.raises(ValueError, match=r"ids \[B, T\]"):
+        generate(model, prompts[0], 3)

@@ -184,7 +184,9 @@ class CausalSelfAttention(MultiHeadAttention):
             k, v = cache.update(layer, k, v)  # [B, H, past + T, d_head]
         if mask is not None:
             check_mask(mask, (b, self.heads, t, k.size(-2)))
-        res = self.attend(q, k, v, mask, True, return_weights)
+        # One query (a decode step) is the newest token: the end-aligned causal mask lets it see every
+        # key, so skip building and applying an all-True mask on the hot decode path.
+        res = self.attend(q, k, v, mask, t > 1, return_weights)
         if return_weights:
             out, weights = res
             return self.proj(self.merge_heads(out)), weights

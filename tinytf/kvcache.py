@@ -8,6 +8,8 @@ engines work, and each step writes its new k/v at the write position.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 __all__ = ["KVCache", "generate"]
@@ -49,6 +51,7 @@ class KVCache:
 
     @property
     def max_tokens(self) -> int:
+        """Capacity in tokens per layer."""
         return self.k.size(3)
 
     @property
@@ -61,6 +64,7 @@ class KVCache:
         return self.k.numel() * self.k.element_size() * 2
 
     def reset(self) -> None:
+        """Forget every token (the buffers are kept and simply overwritten by the next prefill)."""
         self.lengths = [0] * len(self.lengths)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,10 +123,12 @@ def generate(
     slow reference). ``temperature=0`` is greedy; ``top_k`` keeps the k most likely tokens.
     Generation stops at the model's ``max_tokens`` with a warning that says so.
     """
-    import warnings
-
     if ids.dim() != 2:
         raise ValueError(f"generate expects ids [B, T], got shape {list(ids.shape)} (add a batch axis with ids[None])")
+    if ids.size(1) == 0:
+        raise ValueError(f"generate needs a prompt of at least one token, got ids of shape {list(ids.shape)}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
@@ -141,19 +147,21 @@ def generate(
     model.eval()
     try:
         with torch.inference_mode():
-            out = ids
-            if use_cache:
-                cache = KVCache.for_model(model, ids.size(0))
+            t0 = ids.size(1)
+            out = torch.empty(ids.size(0), t0 + n, dtype=ids.dtype, device=ids.device)  # [B, T + n], filled in place
+            out[:, :t0] = ids
+            if use_cache and n > 0:
+                cache = KVCache.for_model(model, ids.size(0), max_tokens=t0 + n)
                 logits = model(ids, cache=cache)[:, -1]  # prefill: [B, V]
                 for i in range(n):
                     nxt = _next_token(logits, temperature, top_k, generator)  # [B, 1]
-                    out = torch.cat([out, nxt], dim=1)
+                    out[:, t0 + i : t0 + i + 1] = nxt
                     if i + 1 < n:
                         logits = model(nxt, cache=cache)[:, -1]  # decode one token
-            else:
-                for _ in range(n):
-                    logits = model(out)[:, -1]  # recompute the whole prefix
-                    out = torch.cat([out, _next_token(logits, temperature, top_k, generator)], dim=1)
+            elif not use_cache:
+                for i in range(n):
+                    logits = model(out[:, : t0 + i])[:, -1]  # recompute the whole prefix
+                    out[:, t0 + i : t0 + i + 1] = _next_token(logits, temperature, top_k, generator)
         return out
     finally:
         model.train(was_training)
