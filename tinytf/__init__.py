@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .attention import scaled_dot_product_attention
 from .block import TransformerBlock
+from .checks import Finding, diagnose_attention, diagnose_block, diagnose_causal_mask, diagnose_lm_loss, report
 from .device import describe_device, pick_device, synchronize
 from .heads import CausalSelfAttention, MultiHeadAttention
 from .kvcache import KVCache, generate
@@ -35,4 +36,10 @@ __all__ = [
     "synchronize",
     "count_parameters",
     "parameter_breakdown",
+    "Finding",
+    "report",
+    "diagnose_attention",
+    "diagnose_causal_mask",
+    "diagnose_block",
+    "diagnose_lm_loss",
 ]
