@@ -7,6 +7,7 @@ Masks are boolean with **True = may attend** (the convention of
 from __future__ import annotations
 
 from .attention import scaled_dot_product_attention
+from .bench import BenchResult, benchmark
 from .block import TransformerBlock
 from .checks import Finding, diagnose_attention, diagnose_block, diagnose_causal_mask, diagnose_lm_loss, report
 from .device import describe_device, pick_device, synchronize
@@ -14,6 +15,7 @@ from .heads import CausalSelfAttention, MultiHeadAttention
 from .kvcache import KVCache, generate
 from .lm import ModelConfig, TinyLanguageModel, lm_loss, train_step
 from .masks import causal_mask, padding_mask
+from .memory import Ledger, ledger
 from .params import count_parameters, parameter_breakdown
 
 __version__ = "0.1.0"
@@ -36,6 +38,10 @@ __all__ = [
     "synchronize",
     "count_parameters",
     "parameter_breakdown",
+    "Ledger",
+    "ledger",
+    "BenchResult",
+    "benchmark",
     "Finding",
     "report",
     "diagnose_attention",

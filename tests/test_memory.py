@@ -1,0 +1,269 @@
+"""tinytf.memory: every ledger formula is checked against a measurement, never a typed-in number.
+
+Measurements: bytes autograd saves for backward (SavedTensorMeter), the peak of live tensors
+(PeakMemoryMeter: a dispatch-mode tracker on CPU, torch.cuda statistics on CUDA), tensors held
+by the model and the optimizer (state_bytes), the meta device for a tensor's size."""
+
+import json
+
+import pytest
+import torch
+
+import tinytf
+from tinytf.memory import (
+    GiB,
+    Ledger,
+    PeakMemoryMeter,
+    SavedTensorMeter,
+    attention_matrix_bytes,
+    dtype_bytes,
+    kv_cache_bytes,
+    ledger,
+    parameter_count,
+    state_bytes,
+)
+
+CONFIGS = [  # (B, T, dim, heads, layers, vocab)
+    (2, 64, 32, 4, 2, 50),
+    (1, 128, 16, 2, 1, 30),
+    (3, 32, 64, 4, 3, 200),
+]
+
+
+def make_model(dim, heads, layers, vocab, tokens, backend="explicit", expansion=4, dtype=torch.float32, device="cpu"):
+    torch.manual_seed(0)
+    model = tinytf.TinyLanguageModel(vocab=vocab, dim=dim, heads=heads, layers=layers, max_tokens=tokens,
+                                     expansion=expansion, backend=backend)
+    return model.to(device=device, dtype=dtype)
+
+
+def saved_bytes(model, ids):
+    """Measured: bytes of the distinct storages one forward + loss keeps for backward."""
+    with SavedTensorMeter(exclude=model.parameters()) as saved:
+        loss = tinytf.lm_loss(model(ids), ids)
+    del loss
+    return saved.nbytes
+
+
+# -- single terms ---------------------------------------------------------------------------------
+
+def test_attention_matrix_bytes_matches_a_meta_tensor_and_the_article_example():
+    for shape, dtype in [((2, 3, 5, 5), torch.float32), ((8, 16, 4096, 4096), torch.float16), ((1, 1, 7, 7), torch.bfloat16)]:
+        t = torch.empty(shape, dtype=dtype, device="meta")  # no memory is allocated on the meta device
+        assert attention_matrix_bytes(shape[0], shape[1], shape[2], dtype) == t.numel() * t.element_size()
+    # The article's worked example (B=8, H=16, T=4096, fp16) is 2^31 elements, twice its "1.07 billion / 2 GiB".
+    assert torch.empty(8, 16, 4096, 4096, device="meta").numel() == 2**31
+    assert attention_matrix_bytes(8, 16, 4096, "fp16") / GiB == 4 * attention_matrix_bytes(8, 16, 2048, "fp16") / GiB
+
+
+def test_dtype_bytes_matches_element_size_and_rejects_unknown_names():
+    for name, dtype in [("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32), ("float64", torch.float64)]:
+        assert dtype_bytes(name) == dtype_bytes(dtype) == torch.empty(0, dtype=dtype).element_size()
+    with pytest.raises(ValueError, match="unknown dtype"):
+        dtype_bytes("fp8")
+
+
+@pytest.mark.parametrize("dim,heads,layers,vocab,tokens,expansion", [(32, 4, 2, 100, 64, 4), (16, 2, 1, 30, 12, 2), (48, 6, 3, 7, 9, 3)])
+def test_parameter_count_matches_the_module(dim, heads, layers, vocab, tokens, expansion):
+    model = make_model(dim, heads, layers, vocab, tokens, expansion=expansion)
+    n, tensors = parameter_count(model.config)
+    assert n == tinytf.count_parameters(model)
+    assert tensors == len(list(model.parameters()))
+
+
+def test_kv_cache_bytes_matches_an_allocated_cache():
+    model = make_model(32, 4, 3, 50, 40)
+    for batch, tokens in [(1, 40), (3, 17)]:
+        cache = tinytf.KVCache.for_model(model, batch, max_tokens=tokens)
+        assert cache.nbytes() == kv_cache_bytes(batch, 3, 4, tokens, 8, torch.float32)
+        assert ledger(model, batch, tokens, torch.float32, training=False).kv_cache == cache.nbytes()
+
+
+# -- training: activations saved for backward ----------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("B,T,dim,heads,layers,vocab", CONFIGS)
+def test_training_activations_match_saved_tensors(backend, B, T, dim, heads, layers, vocab):
+    model = make_model(dim, heads, layers, vocab, T, backend)
+    ids = torch.randint(0, vocab, (B, T))
+    measured = saved_bytes(model, ids)
+    predicted = ledger(model.config, B, T, torch.float32, attention=backend).activations
+    assert abs(predicted - measured) <= 0.01 * measured, (predicted, measured)
+
+
+def test_training_activations_in_bf16_match_saved_tensors():
+    model = make_model(32, 4, 2, 50, 64, dtype=torch.bfloat16)
+    ids = torch.randint(0, 50, (2, 64))
+    measured = saved_bytes(model, ids)
+    predicted = ledger(model, 2, 64, torch.bfloat16).activations
+    assert abs(predicted - measured) <= 0.02 * measured, (predicted, measured)
+
+
+def test_attention_term_isolated_by_switching_to_the_fused_path():
+    """explicit − fused isolates the [B, H, T, T] tensors; the prediction must match that difference."""
+    B, T = 2, 128
+    diffs = []
+    for backend in ("explicit", "sdpa"):
+        model = make_model(32, 4, 2, 50, T, backend)
+        diffs.append((saved_bytes(model, torch.randint(0, 50, (B, T))), ledger(model, B, T, torch.float32, attention=backend)))
+    (m_exp, l_exp), (m_sdpa, l_sdpa) = diffs
+    assert l_sdpa.attention == 0 and l_exp.attention == 2 * 2 * attention_matrix_bytes(B, 4, T, torch.float32)
+    measured = m_exp - m_sdpa
+    predicted = l_exp.activations - l_sdpa.activations
+    assert abs(predicted - measured) <= 0.05 * measured
+    assert l_exp.attention >= 0.9 * measured  # the T×T tensors are almost all of the difference
+
+
+def test_ffn_term_isolated_by_changing_the_expansion():
+    B, T = 2, 32
+    m = {e: saved_bytes(make_model(32, 4, 2, 50, T, expansion=e), torch.randint(0, 50, (B, T))) for e in (2, 4)}
+    l4 = ledger(make_model(32, 4, 2, 50, T, expansion=4), B, T, torch.float32)
+    l2 = ledger(make_model(32, 4, 2, 50, T, expansion=2), B, T, torch.float32)
+    assert abs((l4.ffn - l2.ffn) - (m[4] - m[2])) <= 0.05 * (m[4] - m[2])
+
+
+def test_attention_term_quadruples_and_hidden_doubles_when_T_doubles():
+    cfg = tinytf.ModelConfig(vocab=100, dim=64, heads=8, layers=2, max_tokens=4096)
+    a, b = ledger(cfg, 4, 1024, "fp16"), ledger(cfg, 4, 2048, "fp16")
+    assert b.attention == 4 * a.attention
+    assert b.hidden == 2 * a.hidden and b.ffn == 2 * a.ffn
+    assert b.parameters == a.parameters
+
+
+# -- training: parameters, gradients, optimizer state ---------------------------------------------
+
+@pytest.mark.parametrize("name,make_opt", [
+    ("adamw", lambda p: torch.optim.AdamW(p, lr=1e-3)),
+    ("sgd", lambda p: torch.optim.SGD(p, lr=1e-2)),
+    ("sgd_momentum", lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9)),
+])
+def test_parameter_gradient_and_optimizer_bytes_match_tensors_after_a_step(name, make_opt):
+    model = make_model(32, 4, 2, 50, 16)
+    opt = make_opt(model.parameters())
+    ids = torch.randint(0, 50, (2, 16))
+    opt.zero_grad()
+    tinytf.lm_loss(model(ids), ids).backward()
+    opt.step()
+    measured = state_bytes(model, opt)
+    predicted = ledger(model, 2, 16, torch.float32, optimizer=name)
+    assert measured == {"parameters": predicted.parameters, "gradients": predicted.gradients,
+                        "optimizer_state": predicted.optimizer_state}
+
+
+def test_mixed_precision_adamw_costs_16_bytes_per_parameter_plus_step_counters():
+    cfg = tinytf.ModelConfig(vocab=1000, dim=256, heads=8, layers=4, max_tokens=512)
+    n, tensors = parameter_count(cfg)
+    mp = ledger(cfg, 1, 8, "fp16", mixed_precision=True)
+    per_param = (mp.parameters + mp.gradients + mp.optimizer_state + mp.master_weights - 4 * tensors) / n
+    assert per_param == 2 + 2 + 8 + 4
+    pure = ledger(cfg, 1, 8, "fp16")
+    assert pure.master_weights == 0 and mp.master_weights == 4 * n
+    assert ledger(cfg, 1, 8, "fp16", training=False).gradients == 0
+
+
+# -- peaks ---------------------------------------------------------------------------------------
+
+def test_peak_meter_counts_new_tensors_only_and_sees_frees():
+    base = torch.randn(256, 256)  # allocated before: not counted
+    with PeakMemoryMeter("cpu") as meter:
+        a = base @ base  # 256 KiB
+        b = a * 2  # 256 KiB: peak = 512 KiB
+        del a
+        c = b + 1  # a was freed: still 512 KiB live
+        del b, c
+    assert meter.peak == 2 * base.numel() * base.element_size()
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("B,T,dim,heads,vocab,phase", [
+    (2, 256, 32, 4, 50, "attention"),  # long context: the T×T tensors dominate (explicit)
+    (2, 32, 32, 2, 1000, "logits"),  # big vocabulary, short context
+    (2, 32, 128, 2, 50, "ffn"),
+])
+def test_inference_peak_matches_the_measured_peak(backend, B, T, dim, heads, vocab, phase):
+    model = make_model(dim, heads, 2, vocab, T, backend).eval()
+    ids = torch.randint(0, vocab, (B, T))
+    with torch.no_grad(), PeakMemoryMeter("cpu") as meter:
+        model(ids)
+    pred = ledger(model, B, T, torch.float32, training=False, attention=backend)
+    assert abs(pred.activations - meter.peak) <= 0.10 * meter.peak, (pred.activations, meter.peak, pred.peak_phase)
+    if backend == "explicit" or phase != "attention":
+        assert pred.peak_phase == phase
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+def test_training_step_peak_is_within_25_percent_of_the_ledger_total(backend):
+    """The total adds every component as if all were live at once; backward frees activations while
+    it builds gradients and allocates transients, so this is an estimate (stated in chapter 05)."""
+    B, T = 2, 64
+    model = make_model(32, 4, 2, 50, T, backend)
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    ids = torch.randint(0, 50, (B, T))
+    tinytf.train_step(model, opt, ids)  # creates the optimizer state
+    before = state_bytes(model, opt)
+    model.zero_grad(set_to_none=True)
+    with PeakMemoryMeter("cpu") as meter:
+        tinytf.train_step(model, opt, ids)
+    measured = meter.peak + before["parameters"] + before["optimizer_state"]
+    total = ledger(model, B, T, torch.float32, attention=backend).total
+    assert 0.75 * measured <= total <= 1.25 * measured, (total, measured)
+
+
+# -- the object ----------------------------------------------------------------------------------
+
+def test_ledger_totals_table_and_json():
+    cfg = tinytf.ModelConfig(vocab=100, dim=64, heads=4, layers=2, max_tokens=256)
+    model = make_model(64, 4, 2, 100, 256)
+    led = ledger(cfg, 8, 256, "bf16")
+    assert isinstance(led, Ledger) and led == ledger(model, 8, 256, torch.bfloat16)  # config or model
+    assert led.total == sum(led.components().values())
+    assert led.activations == led.hidden + led.ffn + led.attention + led.logits + led.other
+    text = led.table()
+    assert "attention" in text and "total" in text and ("MiB" in text or "GiB" in text)
+    assert json.loads(json.dumps(led.to_dict()))["total"] == led.total
+    inf = ledger(cfg, 8, 256, "bf16", training=False)
+    assert inf.gradients == inf.optimizer_state == 0 and inf.kv_cache > 0 and "inference" in inf.table()
+
+
+def test_ledger_rejects_bad_arguments():
+    cfg = tinytf.ModelConfig()
+    with pytest.raises(ValueError, match="optimizer"):
+        ledger(cfg, 1, 8, "fp32", optimizer="lion")
+    with pytest.raises(ValueError, match="attention"):
+        ledger(cfg, 1, 8, "fp32", attention="flash")
+    with pytest.raises(ValueError, match="tokens"):
+        ledger(cfg, 1, 1, "fp32")
+    with pytest.raises(ValueError, match="ModelConfig"):
+        ledger({"dim": 3}, 1, 8, "fp32")
+
+
+# -- CUDA: the allocator's own statistics --------------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+def test_cuda_activations_match_max_memory_allocated(cuda, backend):
+    B, T = 4, 512
+    model = make_model(64, 4, 2, 100, T, backend, device=cuda)
+    ids = torch.randint(0, 100, (B, T), device=cuda)
+    model(ids)  # warm up kernels and workspaces
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    loss = tinytf.lm_loss(model(ids), ids)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - start  # what the forward keeps alive for backward
+    del loss
+    pred = ledger(model, B, T, torch.float32, attention=backend).activations
+    assert abs(pred - held) <= 0.10 * held, (pred, held)
+
+
+@pytest.mark.cuda
+def test_cuda_inference_peak_matches_max_memory_allocated(cuda):
+    B, T = 4, 1024
+    model = make_model(64, 4, 2, 100, T, "explicit", device=cuda).eval()
+    ids = torch.randint(0, 100, (B, T), device=cuda)
+    with torch.no_grad():
+        model(ids)
+        with PeakMemoryMeter(cuda) as meter:
+            model(ids)
+    pred = ledger(model, B, T, torch.float32, training=False).activations
+    assert abs(pred - meter.peak) <= 0.15 * meter.peak, (pred, meter.peak)

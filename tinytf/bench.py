@@ -1,0 +1,198 @@
+"""An honest benchmark harness: warm up, synchronise, time many runs, report the spread and the
+conditions.
+
+    result = benchmark(lambda: attn(x), warmup=3, iters=20, device="cpu", B=8, T=512, heads=4, dtype="fp32")
+    print(result)            # median, p50/p99, tokens/s, peak memory, and where it ran
+
+On a GPU each run is timed with CUDA events (the GPU's own clock) after a synchronisation; on a
+CPU with ``time.perf_counter``. Every result carries its conditions — device name, dtype, B, T,
+heads, backend, warmup, iterations, torch version — and a CPU result says so: a CPU figure says
+nothing about GPU performance.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .device import describe_device, synchronize
+from .memory import PeakMemoryMeter, format_bytes
+
+__all__ = ["BenchResult", "benchmark", "percentile", "sdpa_backend"]
+
+# which kernel F.scaled_dot_product_attention dispatched to, by the aten op it called
+_SDPA_KERNELS = {
+    "_scaled_dot_product_flash_attention_for_cpu": "flash (fused CPU kernel)",
+    "_scaled_dot_product_flash_attention": "flash",
+    "_scaled_dot_product_efficient_attention": "mem-efficient",
+    "_scaled_dot_product_cudnn_attention": "cudnn",
+    "_flash_attention_forward": "flash",
+    "_efficient_attention_forward": "mem-efficient",
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation, like ``numpy.percentile``."""
+    if not values:
+        raise ValueError("percentile of an empty list")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = int(pos), min(int(pos) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass
+class BenchResult:
+    """Latency statistics (milliseconds), throughput, peak memory and the run's conditions."""
+
+    name: str
+    median_ms: float
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    min_ms: float
+    tokens_per_s: float | None
+    peak_bytes: int | None
+    times_ms: list[float] = field(repr=False)
+    conditions: dict[str, Any]
+
+    @property
+    def on_gpu(self) -> bool:
+        """True only for a result measured on a CUDA device."""
+        return self.conditions.get("device_type") == "cuda"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable copy (plain floats, ints, strings, lists)."""
+        return json.loads(json.dumps(asdict(self)))
+
+    def summary(self) -> str:
+        """One line: median (p50/p99), tokens/s, peak memory, then where and how it ran."""
+        c = self.conditions
+        shape = ", ".join(f"{k}={c[k]}" for k in ("B", "T", "heads", "dtype", "backend") if k in c)
+        tps = f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""
+        mem = f", peak {format_bytes(self.peak_bytes)}" if self.peak_bytes is not None else ""
+        where = c["device_name"] + ("" if self.on_gpu else " — a CPU figure, says nothing about a GPU")
+        return (f"{self.name}: median {self.median_ms:.3f} ms (p50 {self.p50_ms:.3f}, p99 {self.p99_ms:.3f}){tps}{mem} "
+                f"[{shape}; warmup {c['warmup']}, iters {c['iters']}, torch {c['torch']}; {where}]")
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def benchmark(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 3,
+    iters: int = 10,
+    device: torch.device | str = "cpu",
+    tokens: int | None = None,
+    name: str = "",
+    memory: bool = True,
+    **conditions: Any,
+) -> BenchResult:
+    """Time ``fn()`` ``iters`` times after ``warmup`` untimed calls.
+
+    Args:
+        fn: the work to time, called with no arguments; it must run on ``device``.
+        device: where ``fn`` runs. CUDA: each call is bracketed by CUDA events and the results are
+            read after a synchronisation; CPU/MPS: ``time.perf_counter`` with a synchronise.
+        tokens: tokens processed per call (for tokens/s); defaults to ``B * T`` from ``conditions``.
+        memory: also measure peak memory: on CUDA over the timed calls
+            (``torch.cuda.max_memory_allocated``), elsewhere in one extra untimed call under
+            :class:`tinytf.memory.PeakMemoryMeter` (its per-op tracking would distort timings).
+        **conditions: recorded with the result (``B``, ``T``, ``heads``, ``dtype``, ``backend``, ...).
+
+    Returns:
+        :class:`BenchResult`; its ``conditions`` also hold the device, its name, warmup, iters,
+        the timer, the torch version and the platform.
+    """
+    if warmup < 0 or iters < 1:
+        raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
+    dev = torch.device(device)
+    is_cuda = dev.type == "cuda" and torch.cuda.is_available()
+    for _ in range(warmup):
+        fn()
+    synchronize(dev)
+    times: list[float] = []
+    peak: int | None = None
+    if is_cuda:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        with PeakMemoryMeter(dev) as meter:
+            for s, e in zip(starts, ends):
+                s.record()
+                fn()
+                e.record()
+            torch.cuda.synchronize(dev)
+        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]  # milliseconds
+        peak = meter.peak if memory else None
+        timer = "cuda events"
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            synchronize(dev)
+            times.append((time.perf_counter() - t0) * 1e3)
+        if memory:
+            with PeakMemoryMeter(dev) as meter:
+                fn()
+            peak = meter.peak
+        timer = "time.perf_counter"
+    if tokens is None and "B" in conditions and "T" in conditions:
+        tokens = int(conditions["B"]) * int(conditions["T"])
+    median = statistics.median(times)
+    conds = dict(conditions) | {
+        "device": str(dev),
+        "device_type": dev.type,
+        "device_name": describe_device(dev),
+        "warmup": warmup,
+        "iters": iters,
+        "timer": timer,
+        "memory_method": (meter.method if memory else None),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+    }
+    return BenchResult(
+        name=name or getattr(fn, "__name__", "fn"),
+        median_ms=median,
+        p50_ms=percentile(times, 50),
+        p99_ms=percentile(times, 99),
+        mean_ms=statistics.fmean(times),
+        min_ms=min(times),
+        tokens_per_s=(tokens / (median / 1e3) if tokens and median > 0 else None),
+        peak_bytes=peak,
+        times_ms=times,
+        conditions=conds,
+    )
+
+
+class _OpNames(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.names.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **sdpa_kwargs: Any) -> str:
+    """Which kernel ``F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)`` runs for these inputs:
+    ``"flash (fused CPU kernel)"``, ``"flash"``, ``"mem-efficient"``, ``"cudnn"`` or ``"math"``
+    (the unfused composite). Found by recording the aten ops of one call."""
+    with torch.no_grad(), _OpNames() as rec:
+        F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
+    for op in rec.names:
+        if op in _SDPA_KERNELS:
+            return _SDPA_KERNELS[op]
+    return "math" + (" (unfused, CPU)" if q.device.type == "cpu" else "")
