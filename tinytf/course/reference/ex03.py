@@ -1,0 +1,223 @@
+"""Exercise 3 — one, two or four heads: judges for the hidden tests and the self-check diagnosis.
+
+Student functions: ``mha_parameter_count(dim, heads, bias=True) -> int``,
+``time_forward(module, x, repeats=20, warmup=3) -> float`` (median seconds),
+``per_head_weights(mha, x) -> [B, H, T, T]``, and the ``results`` dict of the experiment.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..judges import judge
+
+__all__ = ["reference_parameter_count", "reference_head_weights", "diagnose"]
+
+
+def reference_parameter_count(dim: int, heads: int, bias: bool = True) -> int:
+    """Parameters of ``tinytf.MultiHeadAttention(dim, heads, bias=bias)``, counted from the module."""
+    from tinytf import MultiHeadAttention, count_parameters
+
+    return count_parameters(MultiHeadAttention(dim, heads, bias=bias))
+
+
+def reference_head_weights(x: torch.Tensor, heads: int, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None) -> torch.Tensor:
+    """Per-head self-attention weights ``[B, H, T, T]`` of a MultiHeadAttention with these ``qkv`` weights."""
+    from tinytf import MultiHeadAttention
+
+    dim = x.size(-1)
+    mha = MultiHeadAttention(dim, heads, bias=qkv_bias is not None)
+    with torch.no_grad():
+        mha.qkv.weight.copy_(qkv_weight)
+        if qkv_bias is not None:
+            mha.qkv.bias.copy_(qkv_bias)
+        return mha(x.float(), return_weights=True)[1]
+
+
+def _finite_seconds(value: Any, what: str) -> float:
+    assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{what} must be a number of seconds"
+    assert math.isfinite(value) and value > 0, f"{what} must be a positive, finite number of seconds"
+    return float(value)
+
+
+# ---- judges ---------------------------------------------------------------------------------------
+
+
+@judge("ex03_param_count")
+def _judge_param_count(value: Any, cases: list) -> None:
+    assert isinstance(value, list) and len(value) == len(cases), "mha_parameter_count: one count per case expected"
+    for (dim, heads, bias), n in zip(cases, value):
+        assert isinstance(n, int) and not isinstance(n, bool), "mha_parameter_count must return an int"
+        assert n == reference_parameter_count(int(dim), int(heads), bool(bias)), "mha_parameter_count gives a wrong count"
+
+
+@judge("ex03_timing")
+def _judge_timing(value: Any, sleep_s: float, repeats: int) -> None:
+    assert isinstance(value, dict) and {"steady_s", "cold_s", "calls"} <= set(value), "the timing record is incomplete"
+    steady = _finite_seconds(value["steady_s"], "time_forward")
+    cold = _finite_seconds(value["cold_s"], "time_forward (slow first call)")
+    assert int(value["calls"]) >= int(repeats), "time_forward must call the module at least `repeats` times"
+    assert 0.9 * sleep_s <= steady < 20 * sleep_s + 0.05, "time_forward: implausible seconds per call"
+    assert cold < 0.02, "time_forward: a slow first call dominates the result (warm up, take the median)"
+
+
+@judge("ex03_head_maps")
+def _judge_head_maps(value: Any, x: torch.Tensor, heads: int, qkv_weight: torch.Tensor, qkv_bias: Any = None) -> None:
+    expected = reference_head_weights(x, int(heads), qkv_weight.float(), None if qkv_bias is None else qkv_bias.float())
+    assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), (
+        f"per_head_weights must return [B, H, T, T] = {list(expected.shape)}"
+    )
+    assert torch.allclose(value.float(), expected, atol=1e-5, rtol=1e-4), "per_head_weights differs from the reference"
+
+
+@judge("ex03_results")
+def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor) -> None:
+    assert isinstance(value, dict) and sorted(value) == sorted(str(h) for h in heads), "results must have one entry per head count"
+    b, t, _ = x.shape
+    for h in heads:
+        r = value[str(h)]
+        assert isinstance(r, dict) and {"params", "time_s", "weights"} <= set(r), f"results[{h}] is incomplete"
+        assert r["params"] == reference_parameter_count(int(dim), int(h)), f"results[{h}]['params'] is wrong"
+        assert _finite_seconds(r["time_s"], f"results[{h}]['time_s']") < 1.0, f"results[{h}]['time_s'] is implausible"
+        w = r["weights"]
+        assert isinstance(w, torch.Tensor) and tuple(w.shape) == (b, int(h), t, t), f"results[{h}]['weights'] must be [B, {h}, T, T]"
+        assert bool(torch.isfinite(w).all()) and torch.allclose(w.sum(-1), torch.ones(b, int(h), t), atol=1e-4), (
+            f"results[{h}]['weights']: rows must sum to one"
+        )
+
+
+# ---- self-check diagnosis -------------------------------------------------------------------------
+
+
+def _call(name: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    from tinytf.checks import Finding
+
+    try:
+        return fn(*args, **kwargs), None
+    except NotImplementedError:
+        return None, Finding(0, f"{name} is not implemented yet",
+                             f"{name} still raises NotImplementedError: replace that line with your code.")
+    except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
+        return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+
+
+def _diagnose_count(fn: Any, Finding: Any) -> list[Any]:
+    cases = [(16, 1, True), (16, 4, True), (24, 2, False), (32, 8, True)]
+    for dim, heads, bias in cases:
+        n, problem = _call("mha_parameter_count", fn, dim, heads, bias=bias)
+        if problem:
+            return [problem]
+        want = reference_parameter_count(dim, heads, bias)
+        if n == want:
+            continue
+        hints = {
+            4 * dim * dim: "that is the weights only: with bias=True each Linear also has one bias per output.",
+            3 * dim * dim + 3 * dim: "that is qkv only: add the output projection proj (D -> D).",
+            4 * dim * dim + 4 * dim: "bias=False means no bias terms at all.",
+            (4 * dim * dim + (4 * dim if bias else 0)) // heads: "the head count does not divide the parameters: the heads share "
+                                                                 "the D x 3D projection, each uses a slice of it.",
+        }
+        hint = hints.get(n, "count qkv: weight [3D, D] + bias [3D], and proj: weight [D, D] + bias [D].")
+        return [Finding(0, "mha_parameter_count gives a wrong count",
+                        f"dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}; {hint}")]
+    return []
+
+
+class _Sleepy(nn.Module):
+    def __init__(self, first_s: float, then_s: float) -> None:
+        super().__init__()
+        self.calls, self.first_s, self.then_s = 0, first_s, then_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.first_s if self.calls == 0 else self.then_s)
+        self.calls += 1
+        return x
+
+
+def _diagnose_timing(fn: Any, Finding: Any) -> list[Any]:
+    x = torch.zeros(1, 2, 4)
+    steady, problem = _call("time_forward", fn, _Sleepy(0.003, 0.003), x, repeats=3, warmup=1)
+    if problem:
+        return [problem]
+    if not isinstance(steady, float) or not math.isfinite(steady) or steady <= 0:
+        return [Finding(0, "time_forward must return a positive float", f"got {steady!r}; return seconds per call.")]
+    if 2.5 <= steady <= 60:
+        return [Finding(12, "time_forward returns milliseconds", "return seconds (time.perf_counter() differences) per call.")]
+    if steady > 0.03:
+        return [Finding(12, "time_forward returns the total, not the time per call",
+                        f"a module that sleeps 3 ms per call measured {steady:.4f} s: take the median of the per-call times.")]
+    if steady < 0.0027:
+        return [Finding(12, "time_forward measures too little",
+                        f"a module that sleeps 3 ms per call measured {steady * 1e3:.2f} ms: time each call (and synchronise).")]
+    cold, problem = _call("time_forward", fn, _Sleepy(0.2, 0.001), x, repeats=5, warmup=1)
+    if problem:
+        return [problem]
+    if isinstance(cold, float) and cold > 0.02:
+        return [Finding(12, "the first (cold) call dominates time_forward",
+                        "a module whose first call takes 200 ms and later ones 1 ms measured "
+                        f"{cold * 1e3:.1f} ms per call: run `warmup` untimed calls first and report the median.")]
+    return []
+
+
+def _diagnose_maps(fn: Any, Finding: Any) -> list[Any]:
+    from tinytf import MultiHeadAttention
+
+    g = torch.Generator().manual_seed(3)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        mha = MultiHeadAttention(24, 4)
+    x = torch.randn(2, 5, 24, generator=g) * 2
+    with torch.no_grad():
+        w, problem = _call("per_head_weights", fn, mha, x)
+        if problem:
+            return [problem]
+        ref = mha(x, return_weights=True)[1]
+        if not isinstance(w, torch.Tensor) or tuple(w.shape) != tuple(ref.shape):
+            got = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+            return [Finding(2, "per_head_weights returns the wrong shape", f"expected [B, H, T, T] = {list(ref.shape)}, got {got}.")]
+        if torch.allclose(w, ref, atol=1e-5):
+            return []
+        q, k, _ = mha.qkv(x).chunk(3, dim=-1)
+        b, t, d, h = 2, 5, 24, 4
+        qh = q.view(b, t, h, d // h).transpose(1, 2)
+        kh = k.view(b, t, h, d // h).transpose(1, 2)
+        raw = qh @ kh.transpose(-2, -1)
+        variants = [
+            (raw.softmax(-1), 1, "missing scaling", "divide the scores by sqrt(d_head) = sqrt(mha.head_dim)."),
+            ((raw / math.sqrt(d)).softmax(-1), 1, "scaled by the model width",
+             "scale by 1/sqrt(d_head) (one head's width), not 1/sqrt(D)."),
+            ((raw / math.sqrt(d // h)).softmax(-2), 2, "softmax over the wrong axis",
+             "normalise over the keys, the last axis: softmax(dim=-1)."),
+            ((q.reshape(b, h, t, d // h) @ k.reshape(b, h, t, d // h).transpose(-2, -1) / math.sqrt(d // h)).softmax(-1), 6,
+             "heads split with the wrong reshape",
+             "[B, T, D] -> [B, H, T, d_head] needs view(B, T, H, d_head).transpose(1, 2); view(B, H, T, d_head) mixes tokens "
+             "and channels."),
+        ]
+        for cand, pitfall, title, msg in variants:
+            if torch.allclose(w, cand, atol=1e-5):
+                return [Finding(pitfall, f"per_head_weights: {title}", msg)]
+        return [Finding(0, "per_head_weights gives wrong weights",
+                        "compare with mha(x, return_weights=True)[1] on a small x; print each intermediate shape.")]
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Any]:
+    """Findings about the student's ex03 functions in ``namespace`` (empty when all look right); never raises."""
+    from tinytf.checks import Finding
+
+    findings: list[Any] = []
+    for name, check in (("mha_parameter_count", _diagnose_count), ("time_forward", _diagnose_timing),
+                        ("per_head_weights", _diagnose_maps)):
+        fn = namespace.get(name)
+        if not callable(fn):
+            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
+            continue
+        try:
+            findings.extend(check(fn, Finding))
+        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
+            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+    return findings
