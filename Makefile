@@ -25,7 +25,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 SOLUTIONS := $(sort $(wildcard solutions/*.ipynb))
 NBVAL     := -p no:cacheprovider --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile
 
-.PHONY: help setup lab test lint unit notebooks clean run test-cuda test-ui
+.PHONY: help setup lab test lint unit notebooks clean run test-cuda test-ui bench
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -94,6 +94,15 @@ test-cuda: $(SETUP) ## unit tests + every notebook on the GPU (TINYTF_DEVICE=cud
 
 test-ui: $(SETUP) ## real-browser test: JupyterLab + Chromium (Playwright) drive chapter 01's attention explorer
 	env -u TINYTF_HEADLESS $(PYTHON) -m pytest -q -p no:cacheprovider -m ui tests/ui
+
+BENCHES := $(sort $(wildcard benchmarks/*.py))
+
+bench: $(SETUP) ## run every benchmarks/*.py in turn (DEVICE=cpu|cuda|auto): JSON + plots in build/bench/
+	@mkdir -p build/bench
+	@n=$(words $(BENCHES)); i=0; for f in $(BENCHES); do i=$$((i+1)); \
+	  echo "== [$$i/$$n] $$f (TINYTF_DEVICE=$(DEVICE))"; \
+	  TINYTF_DEVICE=$(DEVICE) MPLBACKEND=Agg $(PYTHON) $$f || exit 1; \
+	done; echo "== bench done: $$(ls build/bench | tr '\n' ' ')"
 
 clean: ## remove build outputs and caches (keeps .venv)
 	rm -rf build .pytest_cache .ruff_cache
