@@ -1,0 +1,179 @@
+"""Memory curves as the context grows: the :func:`tinytf.memory.ledger` components stacked against T.
+
+:func:`memory_figure` is pure (arguments in, matplotlib Figure out); :func:`memory_explorer` adds
+ipywidgets controls (B, H, D, layers, dtype, training vs inference, explicit vs fused attention,
+device capacity) through :func:`tinytf.viz.interactive_figure`, or shows the static figure when
+headless. Measured points (bytes at some T) can be overlaid on the predicted total.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..lm import ModelConfig
+from ..memory import GiB, Ledger, dtype_bytes, format_bytes, ledger
+from ._front import interactive_figure
+
+__all__ = ["token_grid", "memory_curves", "capacity_crossing", "memory_figure", "memory_explorer", "CAPACITIES_GIB"]
+
+CAPACITIES_GIB = (24, 80, 141)  # a consumer GPU, an A100/H100 80 GB, an H200
+COLORS = {
+    "parameters": "#4c72b0", "gradients": "#55a868", "optimizer_state": "#8172b2", "master_weights": "#64b5cd",
+    "hidden": "#ccb974", "ffn": "#dd8452", "attention": "#c44e52", "logits": "#937860", "other": "#8c8c8c",
+    "kv_cache": "#da8bc3",
+}
+
+
+def token_grid(t_min: int = 128, t_max: int = 131072, per_octave: int = 4) -> list[int]:
+    """Context lengths from ``t_min`` to ``t_max``, ``per_octave`` points per doubling (even integers)."""
+    if t_min < 2 or t_max <= t_min:
+        raise ValueError(f"need 2 <= t_min < t_max, got t_min={t_min}, t_max={t_max}")
+    out, k = [], 0
+    while True:
+        t = int(round(t_min * 2 ** (k / per_octave) / 2) * 2)
+        if t > t_max:
+            break
+        if not out or t != out[-1]:
+            out.append(t)
+        k += 1
+    return out
+
+
+def memory_curves(config: ModelConfig, batch: int, tokens: Sequence[int], dtype: Any, **ledger_kwargs: Any) -> list[Ledger]:
+    """One :class:`tinytf.memory.Ledger` per context length (a model whose position table has T rows)."""
+    return [ledger(ModelConfig(config.vocab, config.dim, config.heads, config.layers, t, config.expansion), batch, t, dtype,
+                   **ledger_kwargs) for t in tokens]
+
+
+def capacity_crossing(ledgers: Sequence[Ledger], capacity_bytes: float) -> int | None:
+    """The first context length whose predicted total exceeds ``capacity_bytes`` (None if none does)."""
+    for led in ledgers:
+        if led.total > capacity_bytes:
+            return led.tokens
+    return None
+
+
+def memory_figure(
+    *,
+    batch: int = 8,
+    heads: int = 16,
+    dim: int = 1024,
+    layers: int = 24,
+    vocab: int = 32000,
+    expansion: int = 4,
+    dtype: str = "bf16",
+    mode: str = "training",
+    attention: str = "explicit",
+    optimizer: str = "adamw",
+    mixed_precision: bool = False,
+    capacity_gib: float = 80,
+    t_min: int = 128,
+    t_max: int = 131072,
+    measured: Sequence[tuple[int, float]] | None = None,
+    measured_label: str = "measured",
+) -> Any:
+    """Stacked ledger components (GiB) against T on log–log axes, the device capacity as a line,
+    the first T whose total crosses it marked, and ``measured`` points ``[(T, bytes), ...]`` overlaid.
+
+    ``mode`` is ``"training"`` (a full AdamW step) or ``"inference"`` (a no-grad prefill with a KV
+    cache of T tokens). Raises ``ValueError`` for an impossible configuration (``dim % heads``).
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if mode not in ("training", "inference"):
+        raise ValueError(f"mode must be 'training' or 'inference', got {mode!r}")
+    if dim % heads:
+        raise ValueError(f"dim={dim} is not divisible by heads={heads}: pick heads among the divisors of {dim}")
+    config = ModelConfig(vocab, dim, heads, layers, t_max, expansion)
+    ts = token_grid(t_min, t_max)
+    kwargs = {"training": mode == "training", "attention": attention}
+    if mode == "training":
+        kwargs |= {"optimizer": optimizer, "mixed_precision": mixed_precision}
+    leds = memory_curves(config, batch, ts, dtype, **kwargs)
+    names = [n for n in Ledger.COMPONENTS if any(getattr(led, n) for led in leds)]
+    stacks = np.array([[getattr(led, n) / GiB for led in leds] for n in names])
+    totals = stacks.sum(axis=0)
+
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    ax.stackplot(ts, stacks, labels=[n.replace("_", " ") for n in names], colors=[COLORS[n] for n in names], alpha=0.85)
+    ax.plot(ts, totals, color="black", lw=1.2, label="total (ledger)")
+    ax.axhline(capacity_gib, color="#b00020", ls="--", lw=1.3, label=f"device capacity {capacity_gib:g} GiB")
+    cross = capacity_crossing(leds, capacity_gib * GiB)
+    if cross is not None:
+        ax.axvline(cross, color="#b00020", lw=0.8, alpha=0.7)
+        ax.annotate(f"exceeds {capacity_gib:g} GiB\nat T ≈ {cross:,}", xy=(cross, capacity_gib), xytext=(6, 8),
+                    textcoords="offset points", color="#b00020", fontsize=9)
+    if measured:
+        mt, mb = zip(*measured)
+        ax.scatter(mt, [b / GiB for b in mb], color="black", marker="x", s=50, zorder=5, label=measured_label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    floor = max(totals.min() / 50, 1e-6)
+    ax.set_ylim(floor, max(totals.max(), capacity_gib) * 3)
+    ax.set_xlim(ts[0], ts[-1])
+    ax.set_xlabel("context length T (tokens)")
+    ax.set_ylabel("GiB (stacked)")
+    ax.grid(True, which="major", alpha=0.3)
+    what = f"{mode}, {attention} attention, {dtype} ({dtype_bytes(dtype)} B/elem)" + (", mixed precision" if mixed_precision else "")
+    last = leds[-1]
+    ax.set_title(f"B={batch}, H={heads}, D={dim}, layers={layers}, V={vocab}: {what}\n"
+                 f"at T={last.tokens:,}: total {format_bytes(last.total)}, attention {format_bytes(last.attention)}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def _figure_or_message(**options: Any) -> Any:
+    try:
+        return memory_figure(**options)
+    except ValueError as err:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 1.2))
+        ax.axis("off")
+        ax.text(0.0, 0.5, f"cannot draw: {err}", wrap=True, va="center", fontsize=9, color="#b00020")
+        return fig
+
+
+def memory_explorer(
+    *,
+    batch: int = 8,
+    heads: int = 16,
+    dim: int = 1024,
+    layers: int = 24,
+    dtype: str = "bf16",
+    mode: str = "training",
+    attention: str = "explicit",
+    capacity_gib: float = 80,
+    **fixed: Any,
+) -> Any:
+    """Interactive :func:`memory_figure`: B, H, D, layers, dtype, training/inference, explicit/fused,
+    device capacity. Other :func:`memory_figure` arguments (``vocab``, ``measured``, ``t_min``,
+    ``t_max``, ...) are passed through ``fixed``. Live in JupyterLab (returns the widget box);
+    headless it shows and returns the static figure."""
+    import ipywidgets as widgets
+
+    def choices(default: int, options: Sequence[int]) -> list[int]:
+        return sorted(set(options) | {default})
+
+    capacities = sorted(set(CAPACITIES_GIB) | {capacity_gib})
+    controls = {
+        "batch": widgets.Dropdown(options=choices(batch, [1, 2, 4, 8, 16, 32, 64]), value=batch, description="B",
+                                  layout=widgets.Layout(width="130px")),
+        "heads": widgets.Dropdown(options=choices(heads, [1, 2, 4, 8, 12, 16, 32, 64]), value=heads, description="H",
+                                  layout=widgets.Layout(width="130px")),
+        "dim": widgets.Dropdown(options=choices(dim, [64, 256, 512, 768, 1024, 2048, 4096, 8192]), value=dim, description="D",
+                                layout=widgets.Layout(width="150px")),
+        "layers": widgets.IntSlider(value=layers, min=1, max=max(96, layers), description="layers", continuous_update=False),
+        "dtype": widgets.ToggleButtons(options=["fp32", "bf16", "fp16"], value=dtype, description="dtype",
+                                       style={"button_width": "50px"}),
+        "mode": widgets.ToggleButtons(options=["training", "inference"], value=mode, description="mode",
+                                      style={"button_width": "80px"}),
+        "attention": widgets.ToggleButtons(options=["explicit", "sdpa"], value=attention, description="attention",
+                                           style={"button_width": "70px"}),
+        "capacity_gib": widgets.Dropdown(options=capacities, value=capacity_gib, description="GiB",
+                                         layout=widgets.Layout(width="130px")),
+    }
+    return interactive_figure(_figure_or_message, controls, fixed=fixed)
