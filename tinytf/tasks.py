@@ -1,0 +1,58 @@
+"""Tiny synthetic tasks a model can only solve with attention: copying.
+
+    ids     = x_1 … x_L  SEP  x_1 … x_L                      [B, 2L + 1]
+    targets = ids[:, 1:] with the first L entries ignored    [B, 2L]
+
+After the separator, the token at position ``L + i`` must be ``x_i``, a random symbol seen ``L``
+positions earlier. An MLP applied to each position on its own cannot know it; attention can look
+it up. The first half is random, so its targets are unpredictable and are ignored in the loss
+(``IGNORE_INDEX``, the default ``ignore_index`` of ``F.cross_entropy``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["IGNORE_INDEX", "SEP", "copy_batch", "token_accuracy"]
+
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
+SEP = 0  # the separator token; symbols are 1 … vocab - 1
+
+
+def copy_batch(
+    batch: int,
+    length: int,
+    vocab: int,
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of the copy task: ids ``[B, 2L + 1]`` and shifted targets ``[B, 2L]``.
+
+    ``targets[:, t]`` is the token that ``logits[:, t]`` must predict (``ids[:, t + 1]``); the first
+    ``L`` targets (the random half and the separator) are ``IGNORE_INDEX``, the last ``L`` are the copy.
+    """
+    if batch < 1 or length < 1:
+        raise ValueError(f"copy_batch needs batch >= 1 and length >= 1, got batch={batch}, length={length}")
+    if vocab < 3:
+        raise ValueError(f"copy_batch needs vocab >= 3 (the separator {SEP} plus at least two symbols), got {vocab}")
+    x = torch.randint(1, vocab, (batch, length), generator=generator)  # [B, L] symbols, never SEP
+    sep = torch.full((batch, 1), SEP, dtype=x.dtype)
+    ids = torch.cat([x, sep, x], dim=1)  # [B, 2L + 1]
+    targets = ids[:, 1:].clone()  # [B, 2L]: position t predicts ids[:, t + 1]
+    targets[:, :length] = IGNORE_INDEX  # the random half (and the separator) carry no signal
+    return ids.to(device), targets.to(device)
+
+
+def token_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> float:
+    """Fraction of non-ignored targets ``[B, T]`` whose argmax prediction in logits ``[B, T, V]`` is right."""
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"token_accuracy expects logits [B, T, V] and targets [B, T], got logits {list(logits.shape)} and "
+            f"targets {list(targets.shape)}. Shift first: logits[:, :-1] predicts ids[:, 1:]."
+        )
+    real = targets != ignore_index
+    if not real.any():
+        raise ValueError("token_accuracy: every target is ignore_index, nothing to score")
+    right = (logits.argmax(dim=-1) == targets) & real
+    return float(right.sum()) / float(real.sum())
