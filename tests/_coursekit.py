@@ -1,0 +1,165 @@
+"""Helpers for the course-tooling tests: a toy nbgrader exercise and student-notebook surgery."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+TOY_JUDGES = '''
+from tinytf.course.judges import judge
+
+@judge("ex90_double_test")
+def _(value, x):
+    assert value == 2 * x, "double(x) should be 2 * x"
+
+@judge("ex90_square_test")
+def _(value, x):
+    assert value == x * x, "square(x) should be x * x"
+'''
+
+
+def _meta(grade_id: str, **kw) -> dict:
+    d = {"schema_version": 3, "grade_id": grade_id, "solution": False, "grade": False, "locked": True, "task": False}
+    d.update(kw)
+    return {"nbgrader": d}
+
+
+def toy_solution(folder: Path) -> Path:
+    """``folder/ex90_toy.ipynb``: two solution cells, two test cells (hidden parts record), one written answer."""
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+                                "language_info": {"name": "python"}})
+    nb.cells = [
+        new_markdown_cell("# Toy exercise", metadata=_meta("ex90_intro")),
+        new_code_cell("import random\n\nimport torch\n\nfrom tinytf.course.record import record", metadata=_meta("ex90_setup")),
+        new_code_cell('def double(x):\n    """x: an int."""\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION',
+                      metadata=_meta("ex90_double", solution=True, locked=False)),
+        new_code_cell("assert torch.equal(torch.tensor(double(2)), torch.tensor(4)), 'double(2) should be 4'\n### BEGIN HIDDEN TESTS\nzq_hidden_probe = random.randint(5, 99)\n"
+                      "assert torch.equal(torch.tensor(double(zq_hidden_probe)), torch.tensor(2 * zq_hidden_probe)), 'zq hidden message'\n"
+                      "record('ex90_double_test', double(zq_hidden_probe), x=zq_hidden_probe)\n### END HIDDEN TESTS",
+                      metadata=_meta("ex90_double_test", grade=True, points=2)),
+        new_code_cell('def square(x):\n    """x: an int."""\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION',
+                      metadata=_meta("ex90_square", solution=True, locked=False)),
+        new_code_cell("assert square(3) == 9, 'square(3) should be 9'\n### BEGIN HIDDEN TESTS\nzq_other_probe = random.randint(5, 99)\n"
+                      "assert square(zq_other_probe) == zq_other_probe ** 2\nrecord('ex90_square_test', square(zq_other_probe), x=zq_other_probe)\n"
+                      "### END HIDDEN TESTS", metadata=_meta("ex90_square_test", grade=True, points=1)),
+        new_markdown_cell("Why is doubling linear?\n\n### BEGIN SOLUTION\nBecause zqwritten reasons.\n### END SOLUTION",
+                          metadata=_meta("ex90_why", solution=True, grade=True, locked=False, points=1)),
+        new_code_cell('print("done")', metadata=_meta("ex90_end")),
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "ex90_toy.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def load(path: Path) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def src(cell: dict) -> str:
+    s = cell.get("source", "")
+    return "".join(s) if isinstance(s, list) else s
+
+
+def solved(released: dict, solution: dict) -> dict:
+    """The released notebook with each solution region filled in from the instructor notebook."""
+    nb = copy.deepcopy(released)
+    sol = {c["metadata"].get("nbgrader", {}).get("grade_id"): c for c in solution["cells"]}
+    for cell in nb["cells"]:
+        meta = cell["metadata"].get("nbgrader", {})
+        if meta.get("solution") and meta.get("grade_id") in sol:
+            cell["source"] = "\n".join(line for line in src(sol[meta["grade_id"]]).split("\n") if "### BEGIN SOLUTION" not in line
+                                       and "### END SOLUTION" not in line)
+    return nb
+
+
+def cell_with(nb: dict, grade_id: str) -> dict:
+    return next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def first_solution_cell(nb: dict) -> dict:
+    return next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution") and c["cell_type"] == "code")
+
+
+def first_test_id(nb: dict) -> str:
+    return next(c["metadata"]["nbgrader"]["grade_id"] for c in nb["cells"]
+                if c["metadata"].get("nbgrader", {}).get("grade") and not c["metadata"]["nbgrader"].get("solution"))
+
+
+def prepend(nb: dict, code: str) -> dict:
+    """A copy with ``code`` put at the top of the first solution cell."""
+    nb = copy.deepcopy(nb)
+    cell = first_solution_cell(nb)
+    cell["source"] = code + "\n" + src(cell)
+    return nb
+
+
+def every_solution_cell(nb: dict, code: str) -> dict:
+    nb = copy.deepcopy(nb)
+    for cell in nb["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("solution") and cell["cell_type"] == "code":
+            cell["source"] = code + "\n" + src(cell)
+    return nb
+
+
+def without_cell(nb: dict, grade_id: str) -> dict:
+    nb = copy.deepcopy(nb)
+    nb["cells"] = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") != grade_id]
+    return nb
+
+
+def renamed(nb: dict, grade_id: str, new_id: str) -> dict:
+    nb = copy.deepcopy(nb)
+    cell_with(nb, grade_id)["metadata"]["nbgrader"]["grade_id"] = new_id
+    return nb
+
+
+def edited(nb: dict, grade_id: str, new_source: str) -> dict:
+    nb = copy.deepcopy(nb)
+    cell_with(nb, grade_id)["source"] = new_source
+    return nb
+
+
+def stripped(nb: dict) -> dict:
+    nb = copy.deepcopy(nb)
+    for cell in nb["cells"]:
+        cell["metadata"].pop("nbgrader", None)
+    return nb
+
+
+def save(nb: dict | str | bytes, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(nb, bytes):
+        path.write_bytes(nb)
+    elif isinstance(nb, str):
+        path.write_text(nb, encoding="utf-8")
+    else:
+        path.write_text(json.dumps(nb, indent=1), encoding="utf-8")
+    return path
+
+
+def hidden_tokens(solution: dict) -> set[str]:
+    """Distinctive lines and identifiers of the hidden-test blocks that appear nowhere outside them."""
+    import re
+
+    inside, outside = [], []
+    for cell in solution["cells"]:
+        hidden = False
+        for line in src(cell).split("\n"):
+            if "BEGIN HIDDEN TESTS" in line:
+                hidden = True
+            elif "END HIDDEN TESTS" in line:
+                hidden = False
+            elif hidden:
+                inside.append(line)
+            else:
+                outside.append(line)
+    rest = "\n".join(outside)
+    tokens = {line.strip() for line in inside if len(line.strip()) >= 12 and line.strip() not in rest}
+    tokens |= {w for line in inside for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]{5,}", line) if w not in rest and not hasattr(__builtins__, w)}
+    tokens |= {m for line in inside for m in re.findall(r"""['"]([^'"]{8,})['"]""", line) if m not in rest}
+    return tokens

@@ -1,0 +1,195 @@
+"""A temporary nbgrader course root over our flat layout, and deterministic notebook I/O.
+
+nbgrader wants ``<root>/source/<assignment>/<notebook>.ipynb``; tinytf keeps
+``solutions/exNN_name.ipynb``. We use ONE nbgrader assignment PER EXERCISE: assignment ``exNN``
+holds the single notebook ``exNN_name.ipynb``. So a course root looks like::
+
+    root/gradebook.db                          (sqlite, rebuilt every run, never committed)
+    root/source/ex01/ex01_by_hand.ipynb        (copied from solutions/)
+    root/release/ex01/ex01_by_hand.ipynb       (generate_assignment: the student version)
+    root/submitted/<student>/ex01/ex01_by_hand.ipynb
+    root/autograded/<student>/ex01/...         (autograde)
+    root/feedback/<student>/ex01/...html       (generate_feedback)
+
+Everything is configured programmatically (no ``nbgrader_config.py`` is read).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+__all__ = [
+    "COURSE_ID",
+    "REPO",
+    "exercise_id",
+    "find_notebooks",
+    "nbgrader_config",
+    "api",
+    "ensure_tool_path",
+    "build_course_root",
+    "dumps_notebook",
+    "write_atomic",
+    "nbgrader_meta",
+    "HIDDEN_BEGIN",
+    "HIDDEN_END",
+    "strip_hidden",
+]
+
+COURSE_ID = "tinytf"
+REPO = Path(__file__).resolve().parents[2]
+HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
+_EX = re.compile(r"^(ex\d\d)(?:_[A-Za-z0-9_-]*)?$")
+
+
+def exercise_id(name: str | os.PathLike) -> str:
+    """``"ex03"`` from ``"ex03_heads.ipynb"`` / a path / ``"ex03"``; ValueError otherwise."""
+    stem = Path(name).name.removesuffix(".ipynb")
+    m = _EX.match(stem)
+    if not m:
+        raise ValueError(f"{name!s}: exercise notebooks are named exNN_<topic>.ipynb (e.g. ex03_heads.ipynb)")
+    return m.group(1)
+
+
+def find_notebooks(folder: str | os.PathLike, exercises: Iterable[str] | None = None) -> dict[str, Path]:
+    """``{exercise_id: path}`` for ``folder/exNN_*.ipynb``, optionally only ``exercises``."""
+    wanted = set(exercises) if exercises is not None else None
+    out: dict[str, Path] = {}
+    for path in sorted(Path(folder).glob("ex[0-9][0-9]*.ipynb")):
+        try:
+            ex = exercise_id(path)
+        except ValueError:
+            continue
+        if wanted is None or ex in wanted:
+            if ex in out:
+                raise ValueError(f"two notebooks for {ex}: {out[ex].name} and {path.name}")
+            out[ex] = path
+    if wanted is not None and set(out) != wanted:
+        raise FileNotFoundError(f"no notebook in {folder} for {sorted(wanted - set(out))}")
+    return out
+
+
+def ensure_tool_path() -> None:
+    """nbgrader shells out to ``alembic``: put this interpreter's bin folder first on PATH."""
+    bindir = str(Path(sys.executable).parent)
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    if parts[:1] != [bindir]:
+        os.environ["PATH"] = os.pathsep.join([bindir, *parts])
+
+
+def nbgrader_config(root: str | os.PathLike, *, timeout: int = 60, max_output_lines: int = 200):
+    """A traitlets Config for a course root; ``timeout`` is nbgrader's per-cell timeout (s)."""
+    from traitlets.config import Config
+
+    root = Path(root).resolve()
+    c = Config()
+    c.CourseDirectory.root = str(root)
+    c.CourseDirectory.course_id = COURSE_ID
+    c.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}"
+    c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback"]
+    c.Execute.timeout = int(timeout)
+    c.Execute.execute_retries = 0  # a notebook that kills its kernel is not retried
+    c.Execute.interrupt_on_timeout = True
+    c.LimitOutput.max_lines = max_output_lines
+    c.LimitOutput.max_traceback = 60
+    c.Exchange.root = str(root / "exchange")  # never touch /srv/nbgrader
+    return c
+
+
+def api(root: str | os.PathLike, **config_kwargs: Any):
+    """An ``nbgrader.apps.NbGraderAPI`` on ``root`` (logging kept quiet)."""
+    import logging
+
+    ensure_tool_path()
+    from nbgrader.apps import NbGraderAPI
+
+    a = NbGraderAPI(config=nbgrader_config(root, **config_kwargs))
+    a.log.setLevel(logging.WARNING)
+    return a
+
+
+def build_course_root(solutions: dict[str, Path], root: str | os.PathLike | None = None) -> tuple[Path, dict[str, str]]:
+    """Copy ``solutions`` ({ex: path}) to ``root/source/<ex>/`` and run generate_assignment for each.
+
+    Returns ``(root, {ex: notebook file name})``; ``root`` is a new temp folder when not given.
+    Raises RuntimeError with nbgrader's log when generation fails (bad metadata, unclosed markers).
+    """
+    root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="tinytf-course-"))
+    root.mkdir(parents=True, exist_ok=True)
+    names: dict[str, str] = {}
+    for ex, path in sorted(solutions.items()):
+        dest = root / "source" / ex / path.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+        names[ex] = path.name
+    a = api(root)
+    for ex in sorted(solutions):
+        result = a.generate_assignment(ex, force=True, create=True)
+        if not result.get("success"):
+            raise RuntimeError(f"nbgrader generate_assignment {ex} failed:\n{result.get('log', '')}\n{result.get('error', '')}")
+    return root, names
+
+
+def nbgrader_meta(cell: dict) -> dict:
+    """The cell's ``metadata["nbgrader"]`` dict (empty when absent or malformed)."""
+    meta = cell.get("metadata", {})
+    nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
+    return nbg if isinstance(nbg, dict) else {}
+
+
+def strip_hidden(source: str) -> str:
+    """``source`` without its ``### BEGIN HIDDEN TESTS`` … ``### END HIDDEN TESTS`` blocks (lines included)."""
+    out, hidden = [], False
+    for line in source.split("\n"):
+        if HIDDEN_BEGIN in line:
+            hidden = True
+        elif HIDDEN_END in line:
+            hidden = False
+        elif not hidden:
+            out.append(line)
+    return "\n".join(out)
+
+
+def dumps_notebook(nb: Any) -> str:
+    """Deterministic JSON for a notebook: sorted keys, 1-space indent, stable cell ids, final newline.
+
+    Cell ids that are missing or duplicated are replaced by ``cell-NNN`` (position), never random.
+    """
+    nb = json.loads(json.dumps(nb))  # plain dicts, a private copy
+    nb.setdefault("nbformat", 4)
+    nb["nbformat_minor"] = max(int(nb.get("nbformat_minor", 5)), 5)
+    seen: set[str] = set()
+    for i, cell in enumerate(nb.get("cells", [])):
+        cid = cell.get("id")
+        if not isinstance(cid, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", cid) or cid in seen:
+            cid = f"cell-{i:03d}"
+        seen.add(cid)
+        cell["id"] = cid
+        if isinstance(cell.get("source"), list):
+            cell["source"] = "".join(cell["source"])
+    node = nbformat.from_dict(nb)
+    text = nbformat.writes(node, version=4)  # json with sort_keys=True, indent=1
+    return text if text.endswith("\n") else text + "\n"
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,63 @@
+"""``tinytf release``: the student notebooks in ``exercises/`` from the instructor ones in ``solutions/``.
+
+nbgrader's ``generate_assignment`` does the work (solution regions -> ``raise NotImplementedError()``,
+hidden tests removed, cells locked, checksums) inside a temporary course root with one assignment
+per exercise (see :mod:`tinytf.course.nbgrader_root`). The result is written with sorted keys,
+stable cell ids and a final newline, so releasing twice gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from .nbgrader_root import REPO, build_course_root, dumps_notebook, find_notebooks, write_atomic
+
+__all__ = ["release", "released_text"]
+
+
+def released_text(root: Path, ex: str, name: str) -> str:
+    """The deterministic text of ``root/release/<ex>/<name>``."""
+    nb = json.loads((root / "release" / ex / name).read_text(encoding="utf-8"))
+    return dumps_notebook(nb)
+
+
+def release(
+    solutions: str | Path = REPO / "solutions",
+    out: str | Path = REPO / "exercises",
+    exercises: Iterable[str] | None = None,
+    *,
+    prune: bool | None = None,
+) -> list[Path]:
+    """Generate the student version of each ``solutions/exNN_*.ipynb`` into ``out``; return the paths.
+
+    ``exercises`` limits it to some ids (``["ex01"]``). ``prune`` (default: when releasing all)
+    removes ``out/exNN_*.ipynb`` files that no longer have a solution. Files whose content is
+    unchanged are not rewritten.
+    """
+    sols = find_notebooks(solutions, exercises)
+    if not sols:
+        raise FileNotFoundError(f"no exNN_*.ipynb notebooks in {solutions}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="tinytf-release-"))
+    try:
+        root, names = build_course_root(sols, tmp / "course")
+        written = []
+        for ex, name in sorted(names.items()):
+            text = released_text(root, ex, name)
+            dest = out / name
+            if not dest.exists() or dest.read_text(encoding="utf-8") != text:
+                write_atomic(dest, text)
+            written.append(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if prune if prune is not None else exercises is None:
+        keep = {p.name for p in written}
+        for stale in out.glob("ex[0-9][0-9]*.ipynb"):
+            if stale.name not in keep:
+                stale.unlink()
+    return written
