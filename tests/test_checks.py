@@ -116,6 +116,16 @@ def test_attention_mask_after_softmax_is_not_called_a_scaling_bug():
     assert pitfalls(findings) == {3}, report(findings)
 
 
+@pytest.mark.parametrize(
+    ("scale", "words"),
+    [(lambda q: 1 / 8, "hard-coded"), (lambda q: 0.5 / math.sqrt(q.size(-1)), "constant factor")],
+    ids=["typed_in_sqrt64", "extra_factor"],
+)
+def test_attention_fitted_scale_explains_itself(scale, words):
+    findings = diagnose_attention(make_attention(scale=scale))
+    assert pitfalls(findings) == {1} and words in findings[0].message, report(findings)
+
+
 def test_attention_with_two_bugs_reports_both():
     findings = diagnose_attention(make_attention(scale=lambda q: 1.0, invert=True))
     assert {1, 3} <= pitfalls(findings), report(findings)

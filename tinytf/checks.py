@@ -344,15 +344,27 @@ def diagnose_attention(fn: Callable, *, seeds: Sequence[int] = (0, 1), tol: floa
             break
 
     if core is None:
-        # Not one of the named mistakes: fit the scale, then check the properties one by one.
-        (q, k, v, h, d), out = ok[0]
-        s, e = _fit_scale(out, q, k, v)
-        fits = all(_close(o, _variant(p[0], p[1], p[2], scale=s), 1e-3) for p, o in ok)
+        # Not one of the named mistakes: fit the scale per head shape, then check the properties one by one.
+        fitted: dict[tuple[int, int], float] = {}
+        for (q, k, v, h, d), out in ok:
+            if (h, d) not in fitted:
+                fitted[(h, d)] = _fit_scale(out, q, k, v)[0]
+        fits = all(_close(o, _variant(p[0], p[1], p[2], scale=fitted[(p[3], p[4])]), 1e-3) for p, o in ok)
         if fits:
-            findings.append(Finding(1, "wrong scaling", f"the output matches softmax(q kᵀ · s) v with s = {s:.4g} on every probe, for "
-                                       f"several head widths; the scale must be 1/sqrt(d_head) (here {1 / math.sqrt(d):.4g} for "
-                                       f"d_head={d}). A hard-coded constant does not follow d_head."))
-            core = (lambda d_, h_: s, "qk", -1)
+            found = sorted((d, s_) for (_, d), s_ in fitted.items())
+            table = ", ".join(f"d_head={d}: s={s_:.4g} (want {1 / math.sqrt(d):.4g})" for d, s_ in found)
+            ratios = [s_ * math.sqrt(d) for d, s_ in found]
+            values = [s_ for _, s_ in found]
+            if max(values) - min(values) < 1e-2 * max(values):
+                why = (f" The scale is the same constant {values[0]:.4g} for every head width: a hard-coded number"
+                       f"{f' (1/sqrt({round(values[0] ** -2)}))' if abs(values[0] ** -2 - round(values[0] ** -2)) < 1e-2 else ''}. "
+                       "Compute it from the tensor: 1/math.sqrt(q.size(-1)).")
+            elif max(ratios) - min(ratios) < 1e-2 * max(ratios):
+                why = f" It is {ratios[0]:.4g} x 1/sqrt(d_head): an extra constant factor (scaled q or k, or the scale applied twice?)."
+            else:
+                why = " Use 1/sqrt(d_head) = 1/math.sqrt(q.size(-1))."
+            findings.append(Finding(1, "wrong scaling", f"the output matches softmax(q kᵀ · s) v with {table}.{why}"))
+            core = (lambda d_, h_: fitted[(h_, d_)], "qk", -1)
         else:
             (q, k, v, h, d), _ = ok[0]
             ones = torch.ones_like(v)
