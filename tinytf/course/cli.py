@@ -21,6 +21,37 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _release(args: argparse.Namespace) -> int:
+    from .release import release
+
+    paths = release(args.solutions, args.out, args.exercises or None)
+    for p in paths:
+        print(f"released {p}")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from .validate import format_report, validate
+
+    worst = 0
+    for path in args.notebooks:
+        report = validate(path, released_dir=args.released, timeout=args.timeout)
+        print(format_report(report))
+        worst = max(worst, 2 if report.fatal and not report.cells else (0 if report.ok else 1))
+    return worst
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from .grade import grade, summary_text
+
+    results = grade(args.submissions, args.out, solutions=args.solutions, exercises=args.exercises or None, jobs=args.jobs,
+                    timeout=args.timeout, notebook_timeout=args.notebook_timeout, memory_mb=args.memory_mb,
+                    keep_work=args.keep_work, progress=not args.quiet)
+    print(summary_text(results), end="")
+    print(f"gradebook: {args.out}/grades.csv, {args.out}/grades_per_cell.csv, feedback in {args.out}/feedback/")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     import tinytf
 
@@ -30,6 +61,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="versions and the device the notebooks will use")
     p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps (default: $TINYTF_DEVICE or auto)")
     p.set_defaults(func=_info)
+
+    from .nbgrader_root import REPO
+
+    ex_help = "only these exercises, e.g. ex01 ex02 (default: all)"
+    p = sub.add_parser("release", help="generate exercises/ from solutions/ with nbgrader (deterministic)")
+    p.add_argument("--solutions", default=str(REPO / "solutions"))
+    p.add_argument("--out", default=str(REPO / "exercises"))
+    p.add_argument("--exercises", nargs="*", help=ex_help)
+    p.set_defaults(func=_release)
+
+    p = sub.add_parser("validate", help="run an exercise notebook, its visible tests and the pitfall diagnosis")
+    p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK")
+    p.add_argument("--released", default=None, help="folder of released exercises to compare with (default: exercises/)")
+    p.add_argument("--timeout", type=int, default=60, help="seconds per cell (default 60)")
+    p.set_defaults(func=_validate)
+
+    p = sub.add_parser("grade", help="autograde SUBMISSIONS/<student>/<exercise>.ipynb into a gradebook")
+    p.add_argument("submissions")
+    p.add_argument("--out", default=str(REPO / "build" / "grades"), help="output folder (default build/grades)")
+    p.add_argument("--jobs", type=int, default=1, help="notebooks graded in parallel")
+    p.add_argument("--timeout", type=int, default=60, help="seconds per cell (default 60)")
+    p.add_argument("--notebook-timeout", type=float, default=None, help="seconds per notebook (default max(120, 4 x timeout))")
+    p.add_argument("--memory-mb", type=int, default=4096, help="address-space limit per grading process (default 4096)")
+    p.add_argument("--solutions", default=str(REPO / "solutions"))
+    p.add_argument("--exercises", nargs="*", help=ex_help)
+    p.add_argument("--keep-work", action="store_true", help="keep the temporary course roots (debugging)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_grade)
     return parser
 
 

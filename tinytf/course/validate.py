@@ -1,0 +1,294 @@
+"""``tinytf validate NOTEBOOK``: run a student's exercise, its visible tests and the pitfall diagnosis.
+
+Unlike ``nbgrader validate`` (which exits 0 whatever happens and does not notice a deleted test
+cell), this compares the notebook with the released version in ``exercises/``: deleted, renamed or
+edited test cells are reported (and the released test is run in their place), every test cell is
+reported pass/fail with its message, the student's functions are diagnosed in the same kernel by
+``tinytf.course.reference.exNN.diagnose`` (findings from :mod:`tinytf.checks`, sent back as JSON),
+and the exit status is non-zero when anything is wrong.
+
+``self_check("exNN")`` is the one-line last cell of every exercise: the same diagnosis inside the
+running kernel, printed in plain language. It never raises.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .nbgrader_root import REPO, exercise_id, nbgrader_meta
+
+__all__ = ["CellCheck", "Report", "validate", "format_report", "self_check", "diagnose_json"]
+
+_MARK = "__TINYTF_DIAGNOSIS__"
+
+
+@dataclass
+class CellCheck:
+    """One test cell: ``status`` is pass / fail / error / timeout / not-run."""
+
+    grade_id: str
+    points: float
+    status: str
+    message: str = ""
+    problem: str = ""  # "deleted", "renamed", "edited" or ""
+
+
+@dataclass
+class Report:
+    path: str
+    exercise: str
+    cells: list[CellCheck] = field(default_factory=list)
+    structure: list[str] = field(default_factory=list)  # deleted / edited / stripped cells
+    cell_errors: list[str] = field(default_factory=list)  # errors in the student's own cells
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    diagnosis_error: str = ""
+    fatal: str = ""  # the notebook could not be read or run at all
+
+    @property
+    def ok(self) -> bool:
+        """True when the notebook ran, every visible test passed and nothing was deleted or edited."""
+        return not self.fatal and not self.structure and all(c.status == "pass" for c in self.cells) and not self.findings
+
+
+def _src(cell: dict) -> str:
+    s = cell.get("source", "")
+    return "".join(s) if isinstance(s, list) else str(s)
+
+
+def _released_path(ex: str, released_dir: Path) -> Path | None:
+    hits = sorted(released_dir.glob(f"{ex}_*.ipynb")) + sorted(released_dir.glob(f"{ex}.ipynb"))
+    return hits[0] if hits else None
+
+
+def _is_test(cell: dict) -> bool:
+    meta = nbgrader_meta(cell)
+    return bool(meta.get("grade")) and not meta.get("solution") and cell.get("cell_type") == "code"
+
+
+def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict, list[tuple[str, float]]]:
+    """The notebook to execute (released tests restored) and the ``(grade_id, points)`` to report on."""
+    nb = copy.deepcopy(student)
+    for cell in nb["cells"]:
+        cell["source"] = _src(cell)
+    if released is None:
+        tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in nb["cells"] if _is_test(c)]
+        return nb, tests
+    rel_cells = released["cells"]
+    tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in rel_cells if _is_test(c)]
+    if rel_cells and not any(nbgrader_meta(c) for c in nb["cells"]):
+        report.structure.append("the notebook has no nbgrader cell metadata (an editor stripped it?): the grader cannot find "
+                                "any test cell; start again from the released exercise and copy your answers over")
+    by_id = {nbgrader_meta(c).get("grade_id"): c for c in nb["cells"] if nbgrader_meta(c).get("grade_id")}
+    for i, rel in enumerate(rel_cells):
+        gid = nbgrader_meta(rel).get("grade_id")
+        if not gid or not nbgrader_meta(rel).get("locked"):
+            continue
+        mine = by_id.get(gid)
+        if mine is None:
+            if _is_test(rel):
+                report.structure.append(f"test cell {gid} was deleted or renamed: it is worth 0 when graded; "
+                                        "copy it back from the released exercise")
+            # put the released cell back after its predecessor so the run matches grading
+            before = [nbgrader_meta(c).get("grade_id") for c in rel_cells[:i]]
+            prev = next((g for g in reversed(before) if g in by_id), None)
+            idx = next((j + 1 for j, c in enumerate(nb["cells"]) if prev and nbgrader_meta(c).get("grade_id") == prev), len(nb["cells"]))
+            restored = copy.deepcopy(rel)
+            restored["source"] = _src(rel)
+            nb["cells"].insert(idx, restored)
+            by_id[gid] = restored
+        elif _src(mine).strip() != _src(rel).strip():
+            if _is_test(rel):
+                report.structure.append(f"test cell {gid} was edited: edited test cells earn 0 when graded; "
+                                        "the released version was run here instead")
+            mine["source"] = _src(rel)
+    return nb, tests
+
+
+def diagnose_json(exercise: str, namespace: dict | None = None) -> str:
+    """JSON ``{"findings": [...]}`` (or ``{"error": ...}``) from ``reference.<exercise>.diagnose``."""
+    try:
+        if namespace is None:
+            import __main__
+
+            namespace = vars(__main__)
+        mod = importlib.import_module(f"tinytf.course.reference.{exercise}")
+        fn = getattr(mod, "diagnose", None)
+        if fn is None:
+            return json.dumps({"findings": [], "note": f"no diagnosis is available for {exercise}"})
+        findings = fn(namespace)
+        return json.dumps({"findings": [{"pitfall": int(getattr(f, "pitfall", 0)), "title": str(getattr(f, "title", f)),
+                                         "message": str(getattr(f, "message", ""))} for f in findings]})
+    except BaseException as err:  # noqa: BLE001 - never raise into the notebook
+        return json.dumps({"error": f"{type(err).__name__}: {err}"[:500]})
+
+
+def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float) -> tuple[dict, dict | None, str]:
+    """Execute ``nb`` (allow_errors) then the diagnosis; ``(executed nb, diagnosis, fatal message)``."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import DeadKernelError
+
+    os.environ.setdefault("TINYTF_HEADLESS", "1")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    node = nbformat.from_dict(nb)
+    node.cells = [c for c in node.cells if "self_check(" not in _src(c)]  # the diagnosis below replaces it
+    diag_code = f"from tinytf.course.validate import diagnose_json as _tinytf_dj\nprint({_MARK!r} + _tinytf_dj({ex!r}))"
+    node.cells.append(nbformat.v4.new_code_cell(diag_code))
+    client = NotebookClient(node, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
+                            error_on_timeout={"ename": "CellTimeoutError", "evalue": f"the cell ran for more than {timeout} s",
+                                              "traceback": [f"CellTimeoutError: the cell ran for more than {timeout} s"]},
+                            resources={"metadata": {"path": str(cwd)}})
+    fatal = ""
+    deadline = time.monotonic() + notebook_timeout
+    try:
+        with client.setup_kernel():
+            for i, cell in enumerate(node.cells):
+                if time.monotonic() > deadline:
+                    fatal = f"the notebook ran for more than {notebook_timeout:g} s; the remaining cells were not run"
+                    break
+                client.execute_cell(cell, i)
+    except DeadKernelError:
+        fatal = "the kernel died (os._exit, a crash, or out of memory); the cells after it did not run"
+    except Exception as err:  # noqa: BLE001 - report, do not crash
+        fatal = f"the notebook could not be run: {type(err).__name__}: {err}"[:300]
+    diag = None
+    for out in node.cells[-1].get("outputs", []):
+        text = _src({"source": out.get("text", "")})
+        if _MARK in text:
+            try:
+                diag = json.loads(text.split(_MARK, 1)[1].strip())
+            except json.JSONDecodeError:
+                diag = {"error": "the diagnosis output could not be read"}
+    return nbformat.from_dict(node), diag, fatal
+
+
+def _first_line(text: str, n: int = 240) -> str:
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text).strip()
+    return (text.splitlines() or [""])[0][:n]
+
+
+def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None = None, timeout: int = 60,
+             notebook_timeout: float = 600) -> Report:
+    """Check one exercise notebook; see the module docstring. Never raises for a bad notebook."""
+    from .grade import read_notebook
+
+    path = Path(path)
+    try:
+        ex = exercise_id(path)
+    except ValueError:
+        ex = "?"
+    report = Report(str(path), ex)
+    try:
+        student = read_notebook(path)
+    except ValueError as err:
+        report.fatal = f"cannot read {path.name}: {err}"
+        return report
+    if ex == "?":
+        ids = [nbgrader_meta(c).get("grade_id", "") for c in student["cells"]]
+        ex = next((i[:4] for i in ids if i and i[:2] == "ex" and i[2:4].isdigit()), "?")
+        report.exercise = ex
+    rel_path = _released_path(ex, Path(released_dir) if released_dir else REPO / "exercises") if ex != "?" else None
+    released = json.loads(rel_path.read_text(encoding="utf-8")) if rel_path else None
+    if released is None:
+        report.structure.append("no released version of this exercise was found to compare with; test cells were not checked")
+    nb, tests = _prepare(student, released, report)
+    executed, diag, report.fatal = _execute(nb, ex, path.resolve().parent, timeout, notebook_timeout)
+    cells = {nbgrader_meta(c).get("grade_id"): c for c in executed.cells if nbgrader_meta(c).get("grade_id")}
+    problems = {s.split()[2]: ("deleted" if "deleted" in s else "edited") for s in report.structure if s.startswith("test cell ")}
+    for gid, pts in tests:
+        cell = cells.get(gid)
+        check = CellCheck(gid, pts, "not-run", problem=problems.get(gid, ""))
+        if cell is not None and (cell.get("execution_count") is not None or cell.get("outputs")):
+            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            if not errors:
+                check.status = "pass"
+            else:
+                e = errors[-1]
+                check.status = {"AssertionError": "fail", "CellTimeoutError": "timeout"}.get(e.get("ename"), "error")
+                if e.get("ename") == "NotImplementedError":
+                    check.message = "not implemented yet (a function it calls still raises NotImplementedError)"
+                else:
+                    check.message = f"{e.get('ename')}: {_first_line(str(e.get('evalue', '')))}".rstrip(": ")
+        report.cells.append(check)
+    for i, cell in enumerate(executed.cells[:-1]):
+        if _is_test(cell) or cell.get("cell_type") != "code":
+            continue
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error" and o.get("ename") != "NotImplementedError":
+                name = nbgrader_meta(cell).get("grade_id") or f"cell {i + 1}"
+                report.cell_errors.append(f"{name}: {o.get('ename')}: {_first_line(str(o.get('evalue', '')))}")
+    if diag is None:
+        report.diagnosis_error = "the diagnosis did not run (the kernel stopped before it)"
+    elif "error" in diag:
+        report.diagnosis_error = f"the diagnosis failed: {diag['error']}"
+    else:
+        report.findings = list(diag.get("findings", []))
+    return report
+
+
+def format_report(r: Report) -> str:
+    """The plain-language text ``tinytf validate`` prints."""
+    lines = [f"tinytf validate {r.path}  (exercise {r.exercise})"]
+    if r.fatal and not r.cells:
+        return "\n".join([*lines, f"  x {r.fatal}", "Result: FAILED"])
+    for s in r.structure:
+        lines.append(f"  ! {s}")
+    lines.append("Test cells (visible tests; the grader also runs hidden tests on fresh inputs):")
+    label = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "timeout": "TIMEOUT", "not-run": "NOT RUN"}
+    for c in r.cells:
+        extra = f" [{c.problem}]" if c.problem else ""
+        msg = f"  {c.message}" if c.message else ""
+        lines.append(f"  {label[c.status]:<7} {c.grade_id} ({c.points:g} pt){extra}{msg}")
+    for e in r.cell_errors:
+        lines.append(f"  ! error in your cell {e}")
+    if r.fatal:
+        lines.append(f"  x {r.fatal}")
+    lines.append("Diagnosis (tinytf.checks):")
+    if r.diagnosis_error:
+        lines.append(f"  {r.diagnosis_error}")
+    elif not r.findings:
+        lines.append("  no known pitfall detected in your functions")
+    else:
+        from tinytf.checks import PITFALLS
+
+        for f in r.findings:
+            tag = f"pitfall {f['pitfall']} ({PITFALLS.get(f['pitfall'], '?')})" if f["pitfall"] else "problem"
+            lines.append(f"  x [{tag}] {f['title']}")
+            lines.append(f"      {f['message']}")
+    passed = sum(c.status == "pass" for c in r.cells)
+    pts = sum(c.points for c in r.cells if c.status == "pass")
+    total = sum(c.points for c in r.cells)
+    verdict = "OK" if r.ok else "FAILED"
+    lines.append(f"Result: {verdict} — {passed} of {len(r.cells)} test cells pass "
+                 f"({pts:g} of {total:g} autograded points on the visible tests)")
+    return "\n".join(lines)
+
+
+def self_check(exercise: str) -> None:
+    """Print the pitfall diagnosis of the student's functions in this kernel; never raises."""
+    try:
+        data = json.loads(diagnose_json(exercise))
+        findings = data.get("findings", [])
+        rel = _released_path(exercise, REPO / "exercises")
+        where = f"exercises/{rel.name}" if rel else f"exercises/{exercise}_….ipynb"
+        if "error" in data:
+            print(f"{exercise} self-check could not run ({data['error']}).")
+        elif not findings:
+            print(f"{exercise} self-check: no known pitfall detected in your functions.")
+        else:
+            print(f"{exercise} self-check: {len(findings)} problem{'s' if len(findings) != 1 else ''} found:")
+            for f in findings:
+                tag = f"pitfall {f['pitfall']}" if f["pitfall"] else "problem"
+                print(f"  x [{tag}] {f['title']}\n      {f['message']}")
+        print(f"For the full check (runs the notebook and every visible test): tinytf validate {where}")
+    except BaseException as err:  # noqa: BLE001 - the last cell of an exercise must never fail
+        print(f"{exercise} self-check could not run ({type(err).__name__}).")
