@@ -274,6 +274,11 @@ class DropoutTiedToGrad(HandBlock):
         return F.dropout(x, 0.1) if torch.is_grad_enabled() else x
 
 
+class ReturnsTuple(HandBlock):
+    def forward(self, x):
+        return super().forward(x), None  # (out, extras) is accepted
+
+
 class OnlyX(nn.Module):
     """A wrapper whose forward takes x only (no mask argument); D is found inside it."""
 
@@ -292,6 +297,7 @@ CORRECT_BLOCKS = {
                                                                      dropout=0.2),
     "handwritten": HandBlock,
     "only_x_wrapper": OnlyX,
+    "returns_tuple": ReturnsTuple,
 }
 
 

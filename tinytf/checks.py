@@ -582,7 +582,8 @@ def _max_len(module: nn.Module) -> int | None:
 def _forward(m: nn.Module, x: torch.Tensor, seed: int, *, grad: bool = True) -> torch.Tensor:
     torch.manual_seed(seed)
     with torch.set_grad_enabled(grad):
-        return m(x).detach()
+        out = _as_tensor(m(x))  # a module may return (out, extras)
+        return out.detach() if isinstance(out, torch.Tensor) else out
 
 
 @_quietly
@@ -765,7 +766,9 @@ def diagnose_lm_loss(fn: Callable, *, vocab: int = 11, tol: float = 1e-5) -> lis
         try:
             loss = fn(lg, ids.clone(), pad_id=pad)
         except Exception as exc:  # noqa: BLE001
-            return [_crash(f"loss on logits {list(logits.shape)}, ids {list(ids.shape)}", exc)]
+            hint = ("The loss is called as fn(logits, ids, pad_id=PAD), the signature of tinytf.lm_loss."
+                    if isinstance(exc, TypeError) and "pad_id" in str(exc) else "")
+            return [_crash(f"loss on logits {list(logits.shape)}, ids {list(ids.shape)}", exc, 0, hint)]
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             got = f"shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
             return [Finding(0, "loss is not a scalar tensor", f"got {got}; return a 0-d tensor (the mean over real target tokens).")]
