@@ -63,7 +63,7 @@ def _judge_timing(value: Any, sleep_s: float, repeats: int) -> None:
     cold = _finite_seconds(value["cold_s"], "time_forward (slow first call)")
     assert int(value["calls"]) >= int(repeats), "time_forward must call the module at least `repeats` times"
     assert 0.9 * sleep_s <= steady < 20 * sleep_s + 0.05, "time_forward: implausible seconds per call"
-    assert cold < 0.02, "time_forward: a slow first call dominates the result (warm up, take the median)"
+    assert cold < 0.04, "time_forward: a slow first call dominates the result (warm up, take the median)"
 
 
 @judge("ex03_head_maps")
@@ -141,7 +141,7 @@ class _Sleepy(nn.Module):
 
 def _diagnose_timing(fn: Any, Finding: Any) -> list[Any]:
     x = torch.zeros(1, 2, 4)
-    steady, problem = _call("time_forward", fn, _Sleepy(0.003, 0.003), x, repeats=3, warmup=1)
+    steady, problem = _call("time_forward", fn, _Sleepy(0.003, 0.003), x, repeats=12, warmup=1)
     if problem:
         return [problem]
     if not isinstance(steady, float) or not math.isfinite(steady) or steady <= 0:
@@ -157,7 +157,7 @@ def _diagnose_timing(fn: Any, Finding: Any) -> list[Any]:
     cold, problem = _call("time_forward", fn, _Sleepy(0.2, 0.001), x, repeats=5, warmup=1)
     if problem:
         return [problem]
-    if isinstance(cold, float) and cold > 0.02:
+    if isinstance(cold, float) and cold > 0.03:
         return [Finding(12, "the first (cold) call dominates time_forward",
                         "a module whose first call takes 200 ms and later ones 1 ms measured "
                         f"{cold * 1e3:.1f} ms per call: run `warmup` untimed calls first and report the median.")]

@@ -1,0 +1,194 @@
+"""Exercise 4 — pre-norm or post-norm: judges for the hidden tests and the self-check diagnosis.
+
+Student code: ``PreNormBlock(dim, heads, max_tokens, expansion=4)`` and ``PostNormBlock`` (same
+submodule names as :class:`tinytf.TransformerBlock`), ``train_curve(block_factory, *, steps, lr, seed)
+-> {"loss": [...], "grad_norm": [...]}`` and the ``curves`` of the comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..judges import judge
+
+__all__ = ["reference_block_output", "diagnose"]
+
+
+def reference_block_output(x: torch.Tensor, state: dict, dim: int, heads: int, max_tokens: int, expansion: int, norm: str) -> torch.Tensor:
+    """Output ``[B, T, D]`` of ``tinytf.TransformerBlock(..., norm=norm)`` loaded with ``state``."""
+    from tinytf import TransformerBlock
+
+    block = TransformerBlock(int(dim), int(heads), int(max_tokens), int(expansion), norm=norm)
+    block.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    block.eval()
+    with torch.no_grad():
+        return block(x.float())
+
+
+def _curve(c: Any, steps: int, what: str) -> dict[str, list[float]]:
+    assert isinstance(c, dict) and {"loss", "grad_norm"} <= set(c), f"{what} must hold 'loss' and 'grad_norm'"
+    for key in ("loss", "grad_norm"):
+        values = c[key]
+        assert isinstance(values, list) and len(values) == int(steps), f"{what}['{key}'] must have one value per step ({steps})"
+        assert all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values), (
+            f"{what}['{key}'] must hold finite non-negative numbers"
+        )
+    return c
+
+
+# ---- judges ---------------------------------------------------------------------------------------
+
+
+def _judge_block(value: Any, x: torch.Tensor, state: dict, dim: int, heads: int, max_tokens: int, expansion: int, norm: str) -> None:
+    expected = reference_block_output(x, state, dim, heads, max_tokens, expansion, norm)
+    name = "PreNormBlock" if norm == "pre" else "PostNormBlock"
+    assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), f"{name} must map [B, T, D] to [B, T, D]"
+    assert torch.allclose(value.float(), expected, atol=1e-5, rtol=1e-4), f"{name} differs from tinytf.TransformerBlock(norm='{norm}')"
+
+
+@judge("ex04_pre_block")
+def _judge_pre(value: Any, **inputs: Any) -> None:
+    assert inputs.get("norm") == "pre", "the pre-norm record was made for another layout"
+    _judge_block(value, **inputs)
+
+
+@judge("ex04_post_block")
+def _judge_post(value: Any, **inputs: Any) -> None:
+    assert inputs.get("norm") == "post", "the post-norm record was made for another layout"
+    _judge_block(value, **inputs)
+
+
+@judge("ex04_train")
+def _judge_train(value: Any, steps: int, seed: int, vocab: int, layers: int, factory_calls: int) -> None:
+    assert isinstance(value, dict) and {"first", "second"} <= set(value), "the training record is incomplete"
+    first = _curve(value["first"], steps, "train_curve(...)")
+    second = _curve(value["second"], steps, "train_curve(...) repeated")
+    assert first["loss"] == second["loss"] and first["grad_norm"] == second["grad_norm"], (
+        "train_curve is not reproducible from its seed"
+    )
+    assert int(factory_calls) == 2 * int(layers), "train_curve must build its blocks with block_factory"
+    assert 0.5 * math.log(vocab) < first["loss"][0] < 2 * math.log(vocab), "train_curve: the first loss is implausible"
+    assert all(g > 0 for g in first["grad_norm"]), "train_curve: gradient norms must be positive"
+
+
+@judge("ex04_comparison")
+def _judge_comparison(value: Any, steps: int, vocab: int, lrs: list) -> None:
+    keys = {f"{layout}@{lr:g}" for layout in ("pre", "post") for lr in lrs}
+    assert isinstance(value, dict) and set(value) == keys, f"curves must hold exactly {sorted(keys)}"
+    for key in sorted(keys):
+        c = _curve(value[key], steps, f"curves[{key}]")
+        assert 0.5 * math.log(vocab) < c["loss"][0] < 2 * math.log(vocab), f"curves[{key}]: the first loss is implausible"
+    learned = [key for key in keys if min(value[key]["loss"]) < 0.8 * value[key]["loss"][0]]
+    assert learned, "no run made progress: check train_curve and the learning rates"
+
+
+# ---- self-check diagnosis -------------------------------------------------------------------------
+
+
+def _build(name: str, cls: Any, Finding: Any, *args: Any) -> tuple[Any, Any]:
+    try:
+        return cls(*args), None
+    except NotImplementedError:
+        return None, Finding(0, f"{name} is not implemented yet",
+                             f"{name} still raises NotImplementedError: replace that line with your code.")
+    except Exception as err:  # noqa: BLE001
+        return None, Finding(0, f"{name}(...) raises {type(err).__name__}", f"building {name}{args} raised {type(err).__name__}: {err}")
+
+
+def _diagnose_block(name: str, cls: Any, norm: str, Finding: Any) -> list[Any]:
+    from tinytf import TransformerBlock
+    from tinytf.checks import diagnose_block
+
+    dim, heads, tokens = 16, 4, 8
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        block, problem = _build(name, cls, Finding, dim, heads, tokens)
+        if problem:
+            return [problem]
+        ref = TransformerBlock(dim, heads, tokens, norm=norm)
+        with torch.no_grad():  # random LayerNorm affine parameters so that every parameter matters
+            for p in ref.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    mine, want = list(block.state_dict()), list(ref.state_dict())
+    if mine != want:
+        missing = [k for k in want if k not in mine]
+        extra = [k for k in mine if k not in want]
+        return [Finding(0, f"{name}: parameter names differ from tinytf.TransformerBlock",
+                        f"missing {missing or 'none'}, unexpected {extra or 'none'}; use the submodules norm1, attn "
+                        "(tinytf.CausalSelfAttention), norm2, ffn (Sequential(Linear, GELU, Linear)).")]
+    findings = [Finding(f.pitfall, f"{name}: {f.title}", f.message) for f in diagnose_block(lambda: cls(dim, heads, tokens))]
+    if findings:
+        return findings
+    other = "post" if norm == "pre" else "pre"
+    try:
+        block.load_state_dict(ref.state_dict(), strict=True)
+        x = torch.randn(3, tokens, dim, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            y, want_y = block(x), ref(x)
+            other_ref = TransformerBlock(dim, heads, tokens, norm=other)
+            other_ref.load_state_dict(ref.state_dict())
+            other_y = other_ref(x)
+    except Exception as err:  # noqa: BLE001
+        return [Finding(0, f"{name} raises when run", f"{type(err).__name__}: {err}")]
+    if torch.allclose(y, want_y, atol=1e-5):
+        return []
+    if torch.allclose(y, other_y, atol=1e-5):
+        return [Finding(0, f"{name} computes the {other}-norm layout",
+                        f"with tinytf's weights it matches TransformerBlock(norm='{other}'). {name} must compute "
+                        + ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))." if norm == "pre"
+                           else "x = norm1(x + attn(x)); x = norm2(x + ffn(x))."))]
+    return [Finding(0, f"{name} differs from tinytf.TransformerBlock(norm='{norm}')",
+                    "load that block's state_dict into yours and compare the outputs step by step (attn, ffn, norms).")]
+
+
+def _diagnose_train(fn: Any, Finding: Any) -> list[Any]:
+    from tinytf import TransformerBlock
+
+    def factory() -> torch.nn.Module:
+        return TransformerBlock(32, 4, 16)
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            a = fn(factory, steps=2, lr=1e-3, seed=3)
+            b = fn(factory, steps=2, lr=1e-3, seed=3)
+    except NotImplementedError:
+        return [Finding(0, "train_curve is not implemented yet", "train_curve still raises NotImplementedError.")]
+    except Exception as err:  # noqa: BLE001
+        return [Finding(0, f"train_curve raises {type(err).__name__}", f"train_curve(factory, steps=2, lr=1e-3, seed=3) raised: {err}")]
+    try:
+        _curve(a, 2, "train_curve(...)")
+    except AssertionError as err:
+        return [Finding(0, "train_curve returns the wrong structure", f"{err}; return {{'loss': [...], 'grad_norm': [...]}}.")]
+    if a != b:
+        return [Finding(0, "train_curve is not reproducible",
+                        "two runs with the same seed differ: call torch.manual_seed(seed) before building the model and draw "
+                        "the batches from torch.Generator().manual_seed(seed).")]
+    return []
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Any]:
+    """Findings about the student's ex04 code in ``namespace`` (empty when all looks right); never raises."""
+    from tinytf.checks import Finding
+
+    findings: list[Any] = []
+    for name, norm in (("PreNormBlock", "pre"), ("PostNormBlock", "post")):
+        cls = namespace.get(name)
+        if not callable(cls):
+            findings.append(Finding(0, f"{name} is missing", f"Define the class {name} in the notebook."))
+            continue
+        try:
+            findings.extend(_diagnose_block(name, cls, norm, Finding))
+        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
+            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+    fn = namespace.get("train_curve")
+    if not callable(fn):
+        findings.append(Finding(0, "train_curve is missing", "Define train_curve(block_factory, *, steps, lr, seed)."))
+    else:
+        try:
+            findings.extend(_diagnose_train(fn, Finding))
+        except Exception as err:  # noqa: BLE001
+            findings.append(Finding(0, "train_curve could not be checked", f"{type(err).__name__}: {err}"))
+    return findings
