@@ -223,7 +223,7 @@ def attention_explorer(
         "sentence": widgets.Text(value=sentence, description="sentence", continuous_update=False,
                                  layout=widgets.Layout(width="340px")),
         "tokenizer": widgets.ToggleButtons(options=list(TOKENIZERS), value=tokenizer, description="tokens",
-                                           style={"button_width": "60px"}),
+                                           style={"button_width": "60px", "description_width": "initial"}),
         "mask": widgets.Dropdown(options=list(MASKS), value=mask, description="mask", layout=widgets.Layout(width="180px")),
         "scaling": widgets.Dropdown(options=list(SCALINGS), value=scaling, description="scaling",
                                     layout=widgets.Layout(width="210px")),

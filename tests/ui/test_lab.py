@@ -1,0 +1,161 @@
+"""Real-browser test (``make test-ui``): JupyterLab + Debian's Chromium, driven by Playwright.
+
+Starts JupyterLab on a free localhost port (no token) in a temporary folder holding a copy of
+chapter 01, opens it in Chromium, runs all cells, waits for the attention explorer, changes its
+mask, and checks that the heatmap image changed. A screenshot lands in ``build/ui/``. The server is
+stopped by its process group in ``finally``. ``TINYTF_HEADLESS`` is removed from the server's
+environment so the live widget (not the static figure) is what renders.
+
+The browser is the system's Chromium (``CHROMIUM`` overrides ``/usr/bin/chromium``); this test
+never downloads one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.ui
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAPTER = ROOT / "notebooks" / "01_attention.ipynb"
+SHOTS = ROOT / "build" / "ui"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"JupyterLab did not answer at {url} within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop the server and its kernels: SIGTERM to its process group, SIGKILL if it lingers."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    """A JupyterLab server on a copy of chapter 01; yields its base URL."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: install it (Debian: apt-get install chromium) or set CHROMIUM=/path/to/chromium")
+    work = tmp_path / "lab"
+    work.mkdir()
+    shutil.copy(CHAPTER, work / CHAPTER.name)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("TINYTF_HEADLESS", "MPLBACKEND")}
+    env |= {"JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
+    log = tmp_path / "lab.log"
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.token=", "--ServerApp.password=",
+           f"--port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={work}",
+           "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for_server(f"{base}/api/status", proc, log)
+        yield base
+    finally:
+        stop(proc)
+
+
+def test_attention_explorer_reacts_in_a_real_browser(lab: str):
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60_000)
+            try:
+                drive(page, lab)
+            except Exception:
+                page.screenshot(path=str(SHOTS / "failure.png"))  # what the browser showed when it failed
+                raise
+        finally:
+            browser.close()
+
+
+def drive(page, lab: str) -> None:
+    """Open chapter 01, run all cells, change the explorer's mask, check the heatmap changed."""
+    page.goto(f"{lab}/lab/tree/{CHAPTER.name}", wait_until="domcontentloaded")
+    page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
+    # the kernel must be connected before "Run All": the status bar reads "<kernel name> | Idle"
+    page.get_by_text(re.compile(r"\|\s*Idle\s*$")).first.wait_for(timeout=120_000)
+    no_news = page.get_by_role("button", name="No", exact=True)  # the "Jupyter news?" toast, if it shows
+    if no_news.count():
+        no_news.first.click()
+    started = page.locator(".jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]"))
+    for _attempt in range(3):  # a Run All issued while the kernel is still connecting can be dropped
+        page.locator(".lm-MenuBar-item", has_text="Run").first.click()  # menu Run > Run All Cells
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        try:
+            started.first.wait_for(timeout=20_000)
+            break
+        except Exception:
+            page.keyboard.press("Escape")
+    else:
+        raise AssertionError("Run > Run All Cells did not start any cell")
+
+    explorer = page.locator(".widget-vbox", has=page.locator(".widget-output")).first
+    heatmap = explorer.locator(".widget-output img").first
+    heatmap.wait_for(state="visible", timeout=150_000)
+    before = heatmap.get_attribute("src")
+    assert before and before.startswith("data:image/png")
+
+    mask = explorer.locator(".widget-dropdown", has=page.locator("label", has_text="mask")).locator("select")
+    assert mask.input_value() == "none"
+    mask.select_option("causal")
+
+    deadline = time.monotonic() + 60
+    after = before
+    while time.monotonic() < deadline and after == before:
+        page.wait_for_timeout(250)
+        img = explorer.locator(".widget-output img").first
+        after = img.get_attribute("src") if img.count() else before
+    assert after != before, "changing the mask did not redraw the heatmap"
+
+    explorer.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SHOTS / "attention_explorer.png"))
+    explorer.screenshot(path=str(SHOTS / "attention_explorer_widget.png"))
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t]
+    assert not tracebacks, tracebacks[:2]
