@@ -56,7 +56,7 @@ def plot(rows: list[dict], device_name: str, path: Path) -> None:
         for dtype in sorted({r["dtype"] for r in rows}):
             series = sorted((r for r in rows if r["impl"] == impl and r["dtype"] == dtype), key=lambda r: r["T"])
             ts = [r["T"] for r in series]
-            label = f"{impl} ({series[0]['backend']}), {dtype}"
+            label = f"{series[0]['backend']}, {dtype}" if impl == "explicit" else f"F.sdpa: {series[0]['backend']}, {dtype}"
             ax_t.plot(ts, [r["median_ms"] for r in series], marker=marker, label=label)
             ax_m.plot(ts, [r["peak_bytes"] / 2**20 for r in series], marker=marker, label=label)
     for ax, ylabel in ((ax_t, "median latency (ms)"), (ax_m, "peak memory (MiB)")):
@@ -67,7 +67,9 @@ def plot(rows: list[dict], device_name: str, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     ax_m.legend(fontsize=8)
     c = rows[0]
-    fig.suptitle(f"causal attention forward, B={c['B']}, H={c['heads']}, d={c['head_dim']} — {device_name}", fontsize=10)
+    where = device_name + ("" if c["conditions"]["device_type"] == "cuda" else " (a CPU figure: says nothing about a GPU)")
+    fig.suptitle(f"causal attention forward, B={c['B']}, H={c['heads']}, d={c['head_dim']}, median of {c['conditions']['iters']} "
+                 f"after {c['conditions']['warmup']} warm-up calls, torch {c['conditions']['torch']} — {where}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     for t, dtype, impl in bar:
         bar.set_postfix_str(f"{impl} T={t} {tinytf.memory.dtype_name(dtype)}")
         q, k, v = (torch.randn(args.batch, args.heads, t, args.head_dim, device=device, dtype=dtype) for _ in range(3))
-        backend = "explicit (tinytf, materialises [B,H,T,T])" if impl == "explicit" else sdpa_backend(q, k, v, is_causal=True)
+        backend = "tinytf explicit (materialises [B,H,T,T])" if impl == "explicit" else sdpa_backend(q, k, v, is_causal=True)
         with torch.no_grad():
             res = benchmark(attention_fn(impl, q, k, v), warmup=args.warmup, iters=args.iters, device=device,
                             name=f"{impl} T={t}", B=args.batch, T=t, heads=args.heads, head_dim=args.head_dim,
