@@ -1,0 +1,196 @@
+"""Exercise 6 — explicit attention vs F.scaled_dot_product_attention: judges and the self-check.
+
+Student code: ``saved_tensor_bytes(fn, *args) -> int`` (bytes autograd saves for backward, every
+pack-hook call counted) and ``benchmark_attention(ts, *, batch, heads, head_dim, dtype, causal,
+warmup, repeats, device)`` returning ``{"conditions": {...}, "explicit": {T: row}, "sdpa": {T: row}}``
+with rows ``{"saved_bytes", "peak_bytes", "ms", "tokens_per_s"}``. Measurements are judged on
+structure and plausibility; the saved bytes are deterministic on a CPU and are recomputed exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..judges import judge
+
+__all__ = ["reference_saved_bytes", "diagnose"]
+
+ROW_KEYS = ("saved_bytes", "peak_bytes", "ms", "tokens_per_s")
+CONDITION_KEYS = ("batch", "heads", "head_dim", "dtype", "mask", "device", "repeats")
+
+
+def reference_saved_bytes(fn: Callable[..., Any], *args: Any) -> tuple[int, int]:
+    """``(every_call, distinct)``: bytes of the tensors autograd saves while computing ``fn(*args)``,
+    counting every pack-hook call, and counting each distinct tensor (same storage, shape, stride) once."""
+    total, seen = 0, {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        n = t.numel() * t.element_size()
+        total += n
+        seen[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)] = n
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return total, sum(seen.values())
+
+
+def _paths() -> dict[str, Callable[..., torch.Tensor]]:
+    from tinytf import scaled_dot_product_attention
+
+    return {"explicit": lambda q, k, v, c=False: scaled_dot_product_attention(q, k, v, is_causal=c),
+            "sdpa": lambda q, k, v, c=False: F.scaled_dot_product_attention(q, k, v, is_causal=c)}
+
+
+def _qkv(b: int, h: int, t: int, d: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(b, h, t, d, generator=g).requires_grad_() for _ in range(3)]
+
+
+def _positive(x: Any, what: str) -> float:
+    assert isinstance(x, (int, float)) and not isinstance(x, bool), f"{what} must be a number, got {type(x).__name__}"
+    assert math.isfinite(x) and x > 0, f"{what} must be a positive finite number, got {x}"
+    return float(x)
+
+
+def _rows(results: Any, ts: list[int], what: str) -> dict[str, dict[int, dict[str, float]]]:
+    """Check the structure of a benchmark_attention result (keys may be ints or, after export, strings)."""
+    assert isinstance(results, dict) and {"explicit", "sdpa"} <= set(results), f"{what}: expected the keys 'explicit' and 'sdpa'"
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for name in ("explicit", "sdpa"):
+        table = results[name]
+        assert isinstance(table, dict), f"{what}: results[{name!r}] must be a dict keyed by T"
+        by_t = {int(t): row for t, row in table.items()}
+        assert sorted(by_t) == sorted(ts), f"{what}: {name} has T values {sorted(by_t)}, expected {sorted(ts)}"
+        out[name] = {}
+        for t, row in by_t.items():
+            assert isinstance(row, dict), f"{what}: {name} T={t} must be a dict"
+            out[name][t] = {key: _positive(row.get(key), f"{what}: {name} T={t} {key}") for key in ROW_KEYS}
+    return out
+
+
+def _growth(rows: dict[int, dict[str, float]], key: str) -> list[float]:
+    ts = sorted(rows)
+    return [rows[b][key] / rows[a][key] for a, b in zip(ts, ts[1:])]
+
+
+# ---- judges ---------------------------------------------------------------------------------------
+
+
+@judge("ex06_saved")
+def _judge_saved(value: Any, batch: int, heads: int, tokens: int, head_dim: int) -> None:
+    assert isinstance(value, dict) and {"explicit", "explicit_causal", "sdpa", "exp"} <= set(value), "incomplete record"
+    q, k, v = _qkv(int(batch), int(heads), int(tokens), int(head_dim))
+    paths = _paths()
+    cases = {"explicit": (paths["explicit"], q, k, v), "explicit_causal": (paths["explicit"], q, k, v, True),
+             "sdpa": (paths["sdpa"], q, k, v), "exp": (lambda t: t.exp(), q)}
+    for key, (fn, *args) in cases.items():
+        got = value[key]
+        assert isinstance(got, int) and not isinstance(got, bool), f"saved_tensor_bytes must return an int ({key}: {type(got).__name__})"
+        assert got in reference_saved_bytes(fn, *args), f"saved_tensor_bytes counts the wrong number of bytes ({key})"
+
+
+@judge("ex06_bench")
+def _judge_bench(value: Any, ts: list[int], heads: int, head_dim: int) -> None:
+    assert isinstance(value, dict) and {"main", "fresh"} <= set(value), "incomplete record"
+    main = value["main"]
+    assert isinstance(main, dict) and isinstance(main.get("conditions"), dict), "the results must record their conditions"
+    for key in CONDITION_KEYS:
+        assert key in main["conditions"], f"the conditions must record {key!r}"
+    assert main["conditions"]["mask"] == "causal", "the main benchmark uses the causal mask"
+    rows = _rows(main, [256, 512, 1024], "main benchmark")
+    assert all(g > 2.5 for g in _growth(rows["explicit"], "saved_bytes")), "explicit saved bytes must grow ~4x per doubling of T"
+    assert rows["sdpa"][1024]["saved_bytes"] < rows["explicit"][1024]["saved_bytes"], "SDPA must save less than explicit at T=1024"
+    assert rows["sdpa"][1024]["peak_bytes"] < rows["explicit"][1024]["peak_bytes"], "SDPA's peak must be lower than explicit's at T=1024"
+
+    ts = [int(t) for t in ts]
+    fresh = _rows(value["fresh"], ts, "fresh benchmark")
+    paths = _paths()
+    for t in ts:
+        for name in ("explicit", "sdpa"):
+            expected = reference_saved_bytes(paths[name], *_qkv(1, int(heads), t, int(head_dim)), True)
+            assert int(fresh[name][t]["saved_bytes"]) in expected, f"fresh benchmark: {name} T={t} saved_bytes differs from the reference"
+    assert all(g > 2.5 for g in _growth(fresh["explicit"], "saved_bytes")), "explicit saved bytes must grow ~4x per doubling of T"
+
+
+# ---- self-check diagnosis -------------------------------------------------------------------------
+
+
+def _call(name: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """``(result, None)`` or ``(None, Finding)`` when ``name`` is unfinished or raises; never raises."""
+    from tinytf.checks import Finding
+
+    try:
+        return fn(*args, **kwargs), None
+    except NotImplementedError:
+        return None, Finding(0, f"{name} is not implemented yet",
+                             f"{name} still raises NotImplementedError: replace that line with your code.")
+    except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
+        return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+
+
+def _diagnose_saved(fn: Any) -> list[Any]:
+    from tinytf.checks import Finding
+
+    x = torch.randn(3, 5, requires_grad=True)
+    n, problem = _call("saved_tensor_bytes", fn, lambda t: t.exp(), x)
+    if problem:
+        return [problem]
+    if not isinstance(n, int) or isinstance(n, bool):
+        return [Finding(0, "saved_tensor_bytes must return an int", f"got {type(n).__name__}; add t.numel() * t.element_size().")]
+    if n == 15:
+        return [Finding(0, "saved_tensor_bytes counts elements, not bytes", "multiply t.numel() by t.element_size() (4 for float32).")]
+    if n != 60:
+        return [Finding(0, "saved_tensor_bytes counts the wrong bytes",
+                        f"x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}. "
+                        "Add t.numel() * t.element_size() in the pack hook and return the tensor unchanged.")]
+    q, k, v = _qkv(1, 2, 32, 8)
+    explicit = _paths()["explicit"]
+    n, problem = _call("saved_tensor_bytes", fn, explicit, q, k, v, True)
+    if problem:
+        return [problem]
+    if n not in reference_saved_bytes(explicit, q, k, v, True):
+        return [Finding(0, "saved_tensor_bytes is wrong on attention",
+                        "count every tensor the pack hook receives while fn(*args) runs (pass *args through to fn).")]
+    return []
+
+
+def _diagnose_bench(fn: Any) -> list[Any]:
+    from tinytf.checks import Finding
+
+    res, problem = _call("benchmark_attention", fn, (32, 64), batch=1, heads=1, head_dim=8, warmup=0, repeats=1, device="cpu")
+    if problem:
+        return [problem]
+    try:
+        rows = _rows(res, [32, 64], "benchmark_attention((32, 64))")
+    except AssertionError as err:
+        return [Finding(0, "benchmark_attention returns the wrong structure", str(err))]
+    if not isinstance(res.get("conditions"), dict) or not all(key in res["conditions"] for key in CONDITION_KEYS):
+        return [Finding(12, "benchmark_attention does not record its conditions",
+                        f"a number without its conditions cannot be compared: record {', '.join(CONDITION_KEYS)}.")]
+    if rows["explicit"][64]["saved_bytes"] <= rows["explicit"][32]["saved_bytes"]:
+        return [Finding(0, "saved bytes do not grow with T", "measure each T on its own q, k, v of length T.")]
+    return []
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Any]:
+    """Findings about the student's ex06 functions in ``namespace`` (empty when all looks right); never raises."""
+    from tinytf.checks import Finding
+
+    findings: list[Any] = []
+    for name, check in (("saved_tensor_bytes", _diagnose_saved), ("benchmark_attention", _diagnose_bench)):
+        fn = namespace.get(name)
+        if not callable(fn):
+            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
+            continue
+        try:
+            findings.extend(check(fn))
+        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
+            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+    return findings

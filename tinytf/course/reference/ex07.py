@@ -1,0 +1,234 @@
+"""Exercise 7 — a simple KV cache and a two-step generation loop: judges and the self-check.
+
+Student code: ``SimpleKVCache(layers)`` with ``update(layer, k_new, v_new) -> (k, v)``, ``lengths``,
+``seen``; ``attention_step(attn, x_new, cache, layer=0)`` (one cached step of a
+``tinytf.CausalSelfAttention``); ``generate_two_step(model, prompt, cache)`` and
+``generate_two_step_recompute(model, prompt)`` -> ``(ids [B, T + 2], logits [B, 2, V])``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..judges import judge
+
+__all__ = ["reference_two_step", "diagnose"]
+
+
+def reference_two_step(model: torch.nn.Module, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two greedy steps recomputing the prefix: ``(ids [B, T + 2], logits [B, 2, V])``."""
+    ids, steps = prompt, []
+    with torch.no_grad():
+        for _ in range(2):
+            logits = model(ids)[:, -1]
+            steps.append(logits)
+            ids = torch.cat([ids, logits.argmax(dim=-1, keepdim=True)], dim=1)
+    return ids, torch.stack(steps, dim=1)
+
+
+def _attn(x: torch.Tensor, heads: int, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor,
+          proj_weight: torch.Tensor, proj_bias: torch.Tensor) -> torch.nn.Module:
+    from tinytf import CausalSelfAttention
+
+    attn = CausalSelfAttention(x.size(-1), int(heads), max_tokens=x.size(1))
+    attn.load_state_dict({"qkv.weight": qkv_weight, "qkv.bias": qkv_bias, "proj.weight": proj_weight, "proj.bias": proj_bias})
+    return attn.eval()
+
+
+def _tensor(value: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    assert isinstance(value, torch.Tensor), f"{what} must be a tensor, got {type(value).__name__}"
+    assert tuple(value.shape) == tuple(shape), f"{what} has shape {list(value.shape)}, expected {list(shape)}"
+    return value
+
+
+# ---- judges ---------------------------------------------------------------------------------------
+
+
+@judge("ex07_cache")
+def _judge_cache(value: Any, layers: int, writes: list[dict[str, Any]]) -> None:
+    assert isinstance(value, dict) and {"returned", "lengths"} <= set(value), "incomplete record"
+    returned = value["returned"]
+    assert isinstance(returned, list) and len(returned) == len(writes), "one (k, v) per update call"
+    k_ref: list[torch.Tensor | None] = [None] * int(layers)
+    v_ref: list[torch.Tensor | None] = [None] * int(layers)
+    for i, (w, got) in enumerate(zip(writes, returned)):
+        layer = int(w["layer"])
+        k_ref[layer] = w["k"] if k_ref[layer] is None else torch.cat([k_ref[layer], w["k"]], dim=2)
+        v_ref[layer] = w["v"] if v_ref[layer] is None else torch.cat([v_ref[layer], w["v"]], dim=2)
+        assert isinstance(got, dict), "incomplete record"
+        for key, ref in (("k", k_ref[layer]), ("v", v_ref[layer])):
+            t = _tensor(got.get(key), tuple(ref.shape), f"update #{i + 1} returned {key}")
+            assert torch.equal(t, ref), f"update #{i + 1}: the returned {key} is not the old entries followed by the new ones (dim=2)"
+    lengths = [0 if k is None else k.size(2) for k in k_ref]
+    assert list(value["lengths"]) == lengths, f"lengths should be {lengths}, got {value['lengths']}"
+
+
+@judge("ex07_step")
+def _judge_step(value: Any, x: torch.Tensor, prefill: int, heads: int, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor,
+                proj_weight: torch.Tensor, proj_bias: torch.Tensor) -> None:
+    attn = _attn(x, heads, qkv_weight, qkv_bias, proj_weight, proj_bias)
+    with torch.no_grad():
+        expected = attn(x.float())
+    got = _tensor(value, tuple(expected.shape), "the concatenated cached outputs")
+    assert torch.allclose(got.float(), expected, atol=1e-4, rtol=1e-4), "cached attention differs from recomputing the full sequence"
+
+
+@judge("ex07_generate")
+def _judge_generate(value: Any, prompt: torch.Tensor, config: dict[str, int], state_dict: dict[str, torch.Tensor]) -> None:
+    from tinytf import TinyLanguageModel
+
+    assert isinstance(value, dict) and {"ids", "logits", "ids_recompute", "logits_recompute"} <= set(value), "incomplete record"
+    model = TinyLanguageModel(**{k: int(v) for k, v in config.items()})
+    model.load_state_dict(state_dict)
+    ids, logits = reference_two_step(model.eval(), prompt)
+    for suffix, what in (("", "generate_two_step (cached)"), ("_recompute", "generate_two_step_recompute")):
+        got_logits = _tensor(value[f"logits{suffix}"], tuple(logits.shape), f"{what} logits")
+        assert torch.allclose(got_logits.float(), logits, atol=1e-4, rtol=1e-4), f"{what}: logits differ from recomputing the prefix"
+        got_ids = _tensor(value[f"ids{suffix}"], tuple(ids.shape), f"{what} ids")
+        assert torch.equal(got_ids.long(), ids), f"{what}: the generated tokens differ from greedy decoding"
+
+
+# ---- self-check diagnosis -------------------------------------------------------------------------
+
+
+def _call(name: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """``(result, None)`` or ``(None, Finding)`` when ``name`` is unfinished or raises; never raises."""
+    from tinytf.checks import Finding
+
+    try:
+        return fn(*args, **kwargs), None
+    except NotImplementedError:
+        return None, Finding(0, f"{name} is not implemented yet",
+                             f"{name} still raises NotImplementedError: replace that line with your code.")
+    except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
+        return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+
+
+def _diagnose_cache(cls: Any) -> list[Any]:
+    from tinytf.checks import Finding
+
+    g = torch.Generator().manual_seed(0)
+    k0, v0, k1, v1 = (torch.randn(1, 2, t, 4, generator=g) for t in (3, 3, 1, 1))
+    cache, problem = _call("SimpleKVCache(2)", cls, 2)
+    if problem:
+        return [problem]
+    first, problem = _call("SimpleKVCache.update", cache.update, 0, k0, v0)
+    if problem:
+        return [problem]
+    second, problem = _call("SimpleKVCache.update", cache.update, 0, k1, v1)
+    if problem:
+        return [problem]
+    if not (isinstance(second, tuple) and len(second) == 2 and all(isinstance(t, torch.Tensor) for t in second)):
+        return [Finding(0, "update must return (k, v)", "return the two tensors of everything cached for that layer.")]
+    k_all = second[0]
+    if tuple(k_all.shape) == (1, 2, 1, 4):
+        return [Finding(11, "update returns only the new entries",
+                        "a decode step must attend over ALL cached keys: concatenate the old and new entries and return them.")]
+    if tuple(k_all.shape) != (1, 2, 4, 4):
+        return [Finding(2, "update concatenates along the wrong axis",
+                        f"k, v are [B, H, T, d_head]: append along time (dim=2); after 3 + 1 tokens expected [1, 2, 4, 4], "
+                        f"got {list(k_all.shape)}.")]
+    if not torch.equal(k_all, torch.cat([k0, k1], dim=2)) or not torch.equal(second[1], torch.cat([v0, v1], dim=2)):
+        return [Finding(0, "update stores the wrong entries", "old entries first, then the new ones; keys and values separately.")]
+    lengths = cache.lengths
+    if list(lengths) != [4, 0]:
+        return [Finding(0, "the cache's lengths are wrong",
+                        f"after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.")]
+    return []
+
+
+def _diagnose_step(fn: Any) -> list[Any]:
+    from tinytf import CausalSelfAttention, KVCache
+    from tinytf.checks import Finding
+
+    torch.manual_seed(11)
+    attn = CausalSelfAttention(12, 3, max_tokens=8).eval()
+    x = torch.randn(2, 6, 12, generator=torch.Generator().manual_seed(12))
+    cache = KVCache(1, 2, 3, 8, 4)
+    with torch.no_grad():
+        full = attn(x)
+        pre, problem = _call("attention_step (prefill)", fn, attn, x[:, :4], cache)
+        if problem:
+            return [problem]
+        if not isinstance(pre, torch.Tensor) or pre.shape != (2, 4, 12):
+            got = list(pre.shape) if isinstance(pre, torch.Tensor) else type(pre).__name__
+            return [Finding(2, "attention_step returns the wrong shape", f"a prefill of 4 tokens should give [2, 4, 12], got {got}.")]
+        steps = []
+        for i in (4, 5):
+            out, problem = _call("attention_step (decode)", fn, attn, x[:, i : i + 1], cache)
+            if problem:
+                return [problem]
+            steps.append(out)
+    pre_ok = torch.allclose(pre, full[:, :4], atol=1e-4)
+    dec_ok = all(isinstance(s, torch.Tensor) and s.shape == (2, 1, 12) and torch.allclose(s, full[:, i : i + 1], atol=1e-4)
+                 for s, i in zip(steps, (4, 5)))
+    if pre_ok and dec_ok:
+        return []
+    if dec_ok and not pre_ok:
+        return [Finding(4, "the prefill lets tokens see the future",
+                        "with t > 1 new tokens apply the causal mask; tinytf.causal_mask(t, past + t) is end-aligned.")]
+    if pre_ok and not dec_ok:
+        return [Finding(4, "decode steps do not see the whole cache",
+                        "the new token at absolute position past + i may read keys 0 .. past + i: the causal mask must be "
+                        "END-aligned (tinytf.causal_mask(t, past + t)), not start-aligned.")]
+    return [Finding(0, "attention_step differs from the full pass",
+                    "project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by 1/sqrt(head_dim), "
+                    "mask, softmax over the keys, merge heads, attn.proj.")]
+
+
+def _diagnose_generate(cached: Any, recompute: Any, cache_cls: Any) -> list[Any]:
+    from tinytf import KVCache, TinyLanguageModel
+    from tinytf.checks import Finding
+
+    torch.manual_seed(13)
+    model = TinyLanguageModel(vocab=23, dim=12, heads=3, layers=2, max_tokens=16).eval()
+    prompt = torch.randint(0, 23, (2, 5), generator=torch.Generator().manual_seed(14))
+    ids, logits = reference_two_step(model, prompt)
+    findings = []
+    if callable(recompute):
+        res, problem = _call("generate_two_step_recompute", recompute, model, prompt)
+        if problem:
+            findings.append(problem)
+        elif not (isinstance(res, tuple) and len(res) == 2 and torch.equal(res[0], ids) and torch.allclose(res[1], logits, atol=1e-4)):
+            findings.append(Finding(0, "generate_two_step_recompute is wrong",
+                                    "run the model on the whole prefix, take logits[:, -1], argmax, append; twice."))
+    if callable(cached):
+        cache = KVCache.for_model(model, 2)
+        res, problem = _call("generate_two_step", cached, model, prompt, cache)
+        if problem:
+            findings.append(problem)
+        elif cache.seen > prompt.size(1) + 1:
+            findings.append(Finding(11, "step 2 feeds more than the new token",
+                                    f"after the loop the cache holds {cache.seen} tokens, expected {prompt.size(1) + 1}: with a cache, "
+                                    "step 2 runs the model on the ONE token chosen in step 1."))
+        elif not (isinstance(res, tuple) and len(res) == 2 and torch.equal(res[0], ids) and torch.allclose(res[1], logits, atol=1e-4)):
+            findings.append(Finding(0, "generate_two_step differs from recomputing the prefix",
+                                    "prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache)."))
+    return findings
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Any]:
+    """Findings about the student's ex07 code in ``namespace`` (empty when all looks right); never raises."""
+    from tinytf.checks import Finding
+
+    findings: list[Any] = []
+    for name, check in (("SimpleKVCache", _diagnose_cache), ("attention_step", _diagnose_step)):
+        obj = namespace.get(name)
+        if not callable(obj):
+            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
+            continue
+        try:
+            findings.extend(check(obj))
+        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
+            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+    cached, recompute = namespace.get("generate_two_step"), namespace.get("generate_two_step_recompute")
+    for name, obj in (("generate_two_step", cached), ("generate_two_step_recompute", recompute)):
+        if not callable(obj):
+            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
+    try:
+        findings.extend(_diagnose_generate(cached, recompute, namespace.get("SimpleKVCache")))
+    except Exception as err:  # noqa: BLE001
+        findings.append(Finding(0, "the generation loop could not be checked", f"{type(err).__name__}: {err}"))
+    return findings

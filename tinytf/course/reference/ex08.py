@@ -1,0 +1,325 @@
+"""Exercise 8 — a character-level language model: judges and the self-check.
+
+Student code: ``build_vocab(text) -> (stoi, itos)``, ``encode(text, stoi)``, ``decode(ids, itos)``,
+``get_batch(data, block, batch, generator)``, ``next_char_loss(logits, ids, pad_id=None)``,
+``cosine_lr(step, *, max_lr, min_lr, warmup, total)``, ``train(...) -> (report, optimizer, scheduler)``,
+``save_checkpoint(path, model, optimizer, scheduler, step)`` and ``load_checkpoint(path, device)``.
+The training report is judged for plausibility: its validation loss is recomputed from the exported
+weights and must be clearly below ``log(vocab)``; its schedule and memory ledger must be consistent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..judges import judge
+
+__all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose"]
+
+MARGIN = 0.75  # the trained model's validation loss must be below log(vocab) - MARGIN
+REPORT_KEYS = ("val_loss", "train_loss", "tokens_per_s", "peak_memory_bytes", "memory", "lrs", "losses")
+MEMORY_KEYS = ("parameters", "gradients", "optimizer_state", "saved_activations", "step_peak", "total")
+
+
+def reference_cosine_lr(step: int, *, max_lr: float, min_lr: float, warmup: int, total: int) -> float:
+    """Linear warm-up ``max_lr * (step + 1) / warmup``, cosine from max_lr to min_lr until ``total``, then min_lr."""
+    if step < warmup:
+        return max_lr * (step + 1) / warmup
+    if step >= total:
+        return min_lr
+    p = (step - warmup) / max(1, total - warmup)
+    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * p))
+
+
+@torch.no_grad()
+def reference_evaluate(model: torch.nn.Module, data: torch.Tensor, block: int) -> float:
+    """Mean next-token loss over the consecutive non-overlapping windows of ``block`` tokens of ``data``."""
+    from tinytf import lm_loss
+
+    n = len(data) // block
+    windows = data[: n * block].view(n, block)
+    return float(lm_loss(model.eval()(windows), windows))
+
+
+def _model(config: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
+    from tinytf import TinyLanguageModel
+
+    model = TinyLanguageModel(**{k: int(v) for k, v in config.items()})
+    model.load_state_dict(state_dict, strict=True)
+    return model.eval()
+
+
+def _number(x: Any, what: str, *, positive: bool = True) -> float:
+    assert isinstance(x, (int, float)) and not isinstance(x, bool), f"{what} must be a number, got {type(x).__name__}"
+    assert math.isfinite(x) and (x > 0 or not positive), f"{what} must be a positive finite number, got {x}"
+    return float(x)
+
+
+def _check_report(rep: Any, model: torch.nn.Module, val_data: torch.Tensor, schedule: dict[str, Any], what: str) -> float:
+    """Consistency checks shared by the main and the fresh training report; returns the recomputed val loss."""
+    assert isinstance(rep, dict) and all(k in rep for k in REPORT_KEYS), f"{what}: the report must contain {', '.join(REPORT_KEYS)}"
+    steps, block = int(schedule["steps"]), int(schedule["block"])
+    val = reference_evaluate(model, val_data, block)
+    got = _number(rep["val_loss"], f"{what}: val_loss")
+    assert abs(got - val) < 1e-3, f"{what}: val_loss is not the validation loss of the trained model"
+    for key in ("train_loss", "tokens_per_s", "peak_memory_bytes"):
+        _number(rep[key], f"{what}: {key}")
+    lrs, losses = rep["lrs"], rep["losses"]
+    assert isinstance(lrs, list) and len(lrs) == steps, f"{what}: one learning rate per step"
+    assert isinstance(losses, list) and len(losses) == steps, f"{what}: one loss per step"
+    assert all(math.isfinite(float(x)) for x in losses), f"{what}: non-finite training loss"
+    sched = {k: schedule[k] for k in ("max_lr", "min_lr", "warmup")}
+    for s, lr in enumerate(lrs):
+        assert abs(float(lr) - reference_cosine_lr(s, total=steps, **sched)) < 1e-9, (
+            f"{what}: the learning rate at step {s} is off the schedule"
+        )
+    mem = rep["memory"]
+    assert isinstance(mem, dict) and all(k in mem for k in MEMORY_KEYS), f"{what}: the memory ledger must hold {', '.join(MEMORY_KEYS)}"
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert int(mem["parameters"]) == params, f"{what}: the ledger's parameter bytes are wrong"
+    assert int(mem["optimizer_state"]) >= 2 * params, f"{what}: AdamW keeps two tensors per parameter"
+    assert int(mem["saved_activations"]) > 0 and int(mem["step_peak"]) >= int(mem["gradients"]), f"{what}: implausible step memory"
+    assert int(rep["peak_memory_bytes"]) == int(mem["total"]), f"{what}: peak_memory_bytes must be the ledger's total"
+    return val
+
+
+# ---- judges ---------------------------------------------------------------------------------------
+
+
+@judge("ex08_vocab")
+def _judge_vocab(value: Any, text: str) -> None:
+    assert isinstance(value, dict) and {"itos", "stoi", "ids", "decoded"} <= set(value), "incomplete record"
+    itos = sorted(set(text))
+    assert list(value["itos"]) == itos, "itos must be the sorted distinct characters of the text"
+    assert value["stoi"] == {ch: i for i, ch in enumerate(itos)}, "stoi must map each character to its index in itos"
+    ids = value["ids"]
+    assert isinstance(ids, torch.Tensor) and ids.dtype == torch.long, "encode must return a torch.long tensor"
+    assert ids.tolist() == [itos.index(ch) for ch in text], "encode gives the wrong ids"
+    assert value["decoded"] == text, "decode(encode(text)) must give the text back"
+
+
+@judge("ex08_batch")
+def _judge_batch(value: Any, data: torch.Tensor, block: int, batch: int) -> None:
+    block, batch = int(block), int(batch)
+    assert isinstance(value, torch.Tensor) and tuple(value.shape) == (batch, block), (
+        f"get_batch must return [batch, block] = {[batch, block]}"
+    )
+    windows = data.unfold(0, block, 1)  # [N - block + 1, block]: every allowed window
+    for row in value:
+        assert bool((windows == row.to(windows.dtype)).all(dim=1).any()), "each row must be block consecutive tokens of data"
+
+
+@judge("ex08_loss")
+def _judge_loss(value: Any, logits: torch.Tensor, ids: torch.Tensor, padded_ids: torch.Tensor) -> None:
+    from tinytf import lm_loss
+
+    assert isinstance(value, dict) and {"plain", "padded"} <= set(value), "incomplete record"
+    for key, expected in (("plain", lm_loss(logits, ids)), ("padded", lm_loss(logits, padded_ids, pad_id=0))):
+        got = value[key]
+        assert isinstance(got, torch.Tensor) and got.numel() == 1, f"next_char_loss ({key}) must return a scalar tensor"
+        assert torch.allclose(got.float().reshape(()), expected, atol=1e-5), (
+            f"next_char_loss ({key}) differs from the shifted cross-entropy"
+        )
+
+
+@judge("ex08_lr")
+def _judge_lr(value: Any, max_lr: float, min_lr: float, warmup: int, total: int) -> None:
+    assert isinstance(value, list) and len(value) == int(total) + 5, "one learning rate per step"
+    for s, lr in enumerate(value):
+        expected = reference_cosine_lr(s, max_lr=max_lr, min_lr=min_lr, warmup=int(warmup), total=int(total))
+        assert abs(float(lr) - expected) <= 1e-12 + 1e-9 * expected, f"cosine_lr is wrong at step {s}"
+
+
+@judge("ex08_train")
+def _judge_train(
+    value: Any,
+    config: dict,
+    schedule: dict,
+    state_dict: dict,
+    val_data: torch.Tensor,
+    fresh_config: dict,
+    fresh_schedule: dict,
+    fresh_state_dict: dict,
+    fresh_val_data: torch.Tensor,
+) -> None:
+    assert isinstance(value, dict) and {"main", "fresh"} <= set(value), "incomplete record"
+    val = _check_report(value["main"], _model(config, state_dict), val_data, schedule, "the main run")
+    chance = math.log(int(config["vocab"]))
+    assert val < chance - MARGIN, f"the validation loss {val:.3f} is not clearly below log(vocab) = {chance:.3f}"
+    _check_report(value["fresh"], _model(fresh_config, fresh_state_dict), fresh_val_data, fresh_schedule, "a fresh run")
+
+
+@judge("ex08_ckpt")
+def _judge_ckpt(value: Any, ids: torch.Tensor, config: dict, state_dict: dict) -> None:
+    assert isinstance(value, dict) and {"logits", "keys", "step", "training"} <= set(value), "incomplete record"
+    missing = {"config", "model", "optimizer", "scheduler", "step"} - set(value["keys"])
+    assert not missing, f"the checkpoint lacks {sorted(missing)}"
+    assert value["step"] == 7, "the checkpoint must store the step it was given"
+    assert value["training"] is False, "load_checkpoint must return the model in eval mode"
+    with torch.no_grad():
+        expected = _model(config, state_dict)(ids)
+    got = value["logits"]
+    assert isinstance(got, torch.Tensor) and got.shape == expected.shape, "the restored model gives logits of the wrong shape"
+    assert torch.allclose(got.float(), expected, atol=1e-5, rtol=1e-5), "the restored model gives different logits"
+
+
+# ---- self-check diagnosis -------------------------------------------------------------------------
+
+
+def _call(name: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """``(result, None)`` or ``(None, Finding)`` when ``name`` is unfinished or raises; never raises."""
+    from tinytf.checks import Finding
+
+    try:
+        return fn(*args, **kwargs), None
+    except NotImplementedError:
+        return None, Finding(
+            0, f"{name} is not implemented yet", f"{name} still raises NotImplementedError: replace that line with your code."
+        )
+    except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
+        return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+
+
+def _diagnose_vocab(ns: dict[str, Any]) -> list[Any]:
+    from tinytf.checks import Finding
+
+    text = "the cat sat."
+    res, problem = _call("build_vocab", ns["build_vocab"], text)
+    if problem:
+        return [problem]
+    if not (isinstance(res, tuple) and len(res) == 2):
+        return [Finding(0, "build_vocab must return (stoi, itos)", "a dict char -> id and the list of characters.")]
+    stoi, itos = res
+    if list(itos) != sorted(set(text)):
+        return [
+            Finding(
+                0, "itos is not the sorted distinct characters", "use sorted(set(text)): the ids must not depend on the order of the text."
+            )
+        ]
+    ids, problem = _call("encode", ns["encode"], text, stoi)
+    if problem:
+        return [problem]
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.tolist() != [itos.index(c) for c in text]:
+        return [Finding(0, "encode gives the wrong ids", "return torch.tensor([stoi[ch] for ch in text], dtype=torch.long).")]
+    back, problem = _call("decode", ns["decode"], ids, itos)
+    if problem:
+        return [problem]
+    if back != text:
+        return [Finding(0, "decode does not invert encode", "join itos[int(i)] for every id.")]
+    return []
+
+
+def _diagnose_batch(ns: dict[str, Any]) -> list[Any]:
+    from tinytf.checks import Finding
+
+    data = torch.arange(50)
+    x, problem = _call("get_batch", ns["get_batch"], data, 6, 40, torch.Generator().manual_seed(0))
+    if problem:
+        return [problem]
+    if not isinstance(x, torch.Tensor) or tuple(x.shape) != (40, 6):
+        got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        return [Finding(0, "get_batch returns the wrong shape", f"expected [batch, block] = [40, 6], got {got}.")]
+    if not all(torch.equal(r, torch.arange(int(r[0]), int(r[0]) + 6)) for r in x):
+        return [Finding(0, "get_batch rows are not consecutive tokens", "row i is data[s : s + block] for a random offset s.")]
+    return []
+
+
+def _diagnose_lr(fn: Any) -> list[Any]:
+    from tinytf.checks import Finding
+
+    sched = {"max_lr": 1.0, "min_lr": 0.1, "warmup": 4, "total": 20}
+    got = []
+    for s in range(24):
+        lr, problem = _call("cosine_lr", fn, s, **sched)
+        if problem:
+            return [problem]
+        got.append(lr)
+    ref = [reference_cosine_lr(s, **sched) for s in range(24)]
+    try:
+        if all(abs(float(a) - b) < 1e-9 for a, b in zip(got, ref)):
+            return []
+        if abs(float(got[0])) < 1e-12:
+            return [Finding(0, "the warm-up starts at zero", "step 0 already trains: use max_lr * (step + 1) / warmup.")]
+        if abs(float(got[-1]) - sched["min_lr"]) > 1e-9:
+            return [
+                Finding(0, "the schedule does not end at min_lr", "after total steps return min_lr; the cosine goes from max_lr to min_lr.")
+            ]
+    except (TypeError, ValueError):
+        return [Finding(0, "cosine_lr must return a float", "return a number, not a tensor or a list.")]
+    return [
+        Finding(0, "cosine_lr is off the schedule", "check the warm-up, p = (step - warmup) / (total - warmup) and the cosine formula.")
+    ]
+
+
+def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
+    import tempfile
+    from pathlib import Path
+
+    from tinytf import TinyLanguageModel
+    from tinytf.checks import Finding
+
+    torch.manual_seed(21)
+    model = TinyLanguageModel(vocab=13, dim=8, heads=2, layers=1, max_tokens=8).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "probe.pt"
+        _, problem = _call("save_checkpoint", ns["save_checkpoint"], path, model, opt, sched, 3)
+        if problem:
+            return [problem]
+        res, problem = _call("load_checkpoint", ns["load_checkpoint"], path, "cpu")
+        if problem:
+            return [problem]
+    if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.nn.Module)):
+        return [Finding(0, "load_checkpoint must return (model, checkpoint)", "a rebuilt TinyLanguageModel and the loaded dictionary.")]
+    restored, ckpt = res
+    findings = []
+    if restored.training:
+        findings.append(Finding(9, "the restored model is in training mode", "call .eval() before using it for outputs."))
+    ids = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(22))
+    with torch.no_grad():
+        if not torch.equal(restored.eval()(ids), model(ids)):
+            findings.append(
+                Finding(0, "the restored model gives different outputs", "save model.state_dict() and load it with strict=True.")
+            )
+    if not isinstance(ckpt, dict) or {"config", "model", "optimizer", "scheduler", "step"} - set(ckpt):
+        findings.append(Finding(0, "the checkpoint is incomplete", "store config, model, optimizer, scheduler and step."))
+    return findings
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Any]:
+    """Findings about the student's ex08 code in ``namespace`` (empty when all looks right); never raises."""
+    from tinytf.checks import Finding, diagnose_lm_loss
+
+    findings: list[Any] = []
+    parts = (
+        (("build_vocab", "encode", "decode"), lambda: _diagnose_vocab(namespace)),
+        (("get_batch",), lambda: _diagnose_batch(namespace)),
+        (("next_char_loss",), lambda: diagnose_lm_loss(namespace["next_char_loss"])),
+        (("cosine_lr",), lambda: _diagnose_lr(namespace["cosine_lr"])),
+        (("save_checkpoint", "load_checkpoint"), lambda: _diagnose_ckpt(namespace)),
+    )
+    for names, check in parts:
+        missing = [n for n in names if not callable(namespace.get(n))]
+        if missing:
+            findings.extend(Finding(0, f"{n} is missing", f"Define {n} in the notebook (keep its name and signature).") for n in missing)
+            continue
+        try:
+            found = check()
+        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
+            found = [Finding(0, f"{names[0]} could not be checked", f"{type(err).__name__}: {err}")]
+        if names == ("next_char_loss",) and any("NotImplementedError" in f.message for f in found):
+            found = [
+                Finding(
+                    0,
+                    "next_char_loss is not implemented yet",
+                    "next_char_loss still raises NotImplementedError: replace that line with your code.",
+                )
+            ]
+        findings.extend(found)
+    if not callable(namespace.get("train")):
+        findings.append(Finding(0, "train is missing", "Define train(...) in the notebook (keep its name and signature)."))
+    return findings
