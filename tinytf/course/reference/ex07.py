@@ -119,6 +119,9 @@ def _diagnose_cache(cls: Any) -> list[Any]:
         return [problem]
     second, problem = _call("SimpleKVCache.update", cache.update, 0, k1, v1)
     if problem:
+        if "Sizes of tensors must match" in problem.message:  # torch.cat along the wrong axis
+            return [Finding(2, "update concatenates along the wrong axis",
+                            f"appending 1 token to 3 failed ({problem.message}). k, v are [B, H, T, d_head]: append along time, dim=2.")]
         return [problem]
     if not (isinstance(second, tuple) and len(second) == 2 and all(isinstance(t, torch.Tensor) for t in second)):
         return [Finding(0, "update must return (k, v)", "return the two tensors of everything cached for that layer.")]
