@@ -1,3 +1,4 @@
+# ruff: noqa: E501
 """Helpers for the course-tooling tests: a toy nbgrader exercise and student-notebook surgery."""
 
 from __future__ import annotations
@@ -5,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
@@ -142,8 +144,10 @@ def save(nb: dict | str | bytes, path: Path) -> Path:
     return path
 
 
-def hidden_tokens(solution: dict) -> set[str]:
-    """Distinctive lines and identifiers of the hidden-test blocks that appear nowhere outside them."""
+def hidden_tokens(solution: dict, *, feedback: bool = False) -> set[str]:
+    """Distinctive text of the hidden-test blocks that appears nowhere outside them: whole lines (>= 12
+    chars), identifiers (>= 6 chars; with ``feedback`` only those with '_' or a digit, which HTML
+    boilerplate does not contain) and string literals (>= 8 chars)."""
     import re
 
     inside, outside = [], []
@@ -158,8 +162,85 @@ def hidden_tokens(solution: dict) -> set[str]:
                 inside.append(line)
             else:
                 outside.append(line)
-    rest = "\n".join(outside)
+    ids = [c["metadata"].get("nbgrader", {}).get("grade_id", "") for c in solution["cells"]]
+    rest = "\n".join(outside + ids)
     tokens = {line.strip() for line in inside if len(line.strip()) >= 12 and line.strip() not in rest}
-    tokens |= {w for line in inside for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]{5,}", line) if w not in rest and not hasattr(__builtins__, w)}
+    words = {w for line in inside for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]{5,}", line) if w not in rest}
+    if feedback:
+        words = {w for w in words if re.search(r"[_0-9]", w.strip("_"))} | {w for w in words if w.startswith("_")}
+    tokens |= words
     tokens |= {m for line in inside for m in re.findall(r"""['"]([^'"]{8,})['"]""", line) if m not in rest}
     return tokens
+
+
+def leaks(text: str, tokens: set[str]) -> list[str]:
+    """The tokens found in ``text`` (identifiers as whole words)."""
+    import re
+
+    found = []
+    for t in sorted(tokens):
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", t):
+            if re.search(rf"(?<![A-Za-z0-9_]){re.escape(t)}(?![A-Za-z0-9_])", text):
+                found.append(t)
+        elif t in text:
+            found.append(t)
+    return found
+
+
+# ---- the grading corpus on the real exercises ------------------------------------------------------
+
+WRONG_SCORES = 'def scores_by_hand(q, k):\n    """Forgets the 1/sqrt(d) scale."""\n    return q @ k.transpose(-2, -1)'
+WRONG_SOFTMAX = 'def softmax_by_hand(scores):\n    """Normalises over the wrong axis."""\n    e = scores.exp()\n    return e / e.sum(dim=-2, keepdim=True)'
+LOOP_ON_4D = ('def attention_by_hand(q, k, v):\n    """Loops forever on 4-D inputs (the hidden test)."""\n    while q.dim() == 4:\n        pass\n'
+              '    w = softmax_by_hand(scores_by_hand(q, k))\n    return w @ v, w')
+PATCH_CHECKS = "import torch\ntorch.allclose = lambda *a, **k: True\ntorch.testing.assert_close = lambda *a, **k: None"
+
+
+def add_cell(nb: dict, code: str, index: int | None = None) -> dict:
+    nb = copy.deepcopy(nb)
+    cell = {"cell_type": "code", "execution_count": None, "id": f"student-{len(nb['cells'])}", "metadata": {}, "outputs": [], "source": code}
+    nb["cells"].insert(len(nb["cells"]) if index is None else index, cell)
+    return nb
+
+
+def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict[str, tuple[str, float]]]:
+    """Write SUBMISSIONS under ``dest`` covering every case of issue 8 on ex01 (and ex07 for one student).
+
+    Returns ``{student: {exercise: (expected status, expected score)}}`` for ex01 and ex07.
+    """
+    name1, name7 = "ex01_by_hand.ipynb", "ex07_kv_cache.ipynb"
+    rel1, sol1 = load(exercises / name1), load(solutions / name1)
+    good = solved(rel1, sol1)
+    good7 = solved(load(exercises / name7), load(solutions / name7))
+    loops = every_solution_cell(good, "while True:\n    pass")
+    for i in range(8):  # students may add cells too: an infinite loop in every one of them
+        loops = add_cell(loops, "while True:\n    pass", index=len(loops["cells"]) - 2 - i)
+    cases: dict[str, tuple[Any, str, float]] = {
+        "a_correct": (good, "ok", 12),
+        "b_untouched": (rel1, "error", 0),
+        "c_wrong": (edited(good, "ex01_scores_answer", WRONG_SCORES), "failed", 6),
+        "d_raises": (prepend(good, "raise RuntimeError('student code raised')"), "error", 7),
+        "e_loop": (edited(good, "ex01_attention_answer", LOOP_ON_4D), "timeout", 9),
+        "f_loop_everywhere": (loops, "timeout", 0),
+        "g_sys_exit": (prepend(good, "import sys\nsys.exit(3)"), "error", 7),
+        "h_os_exit": (edited(good, "ex01_scores_answer", "import os\nos._exit(0)"), "error", 0),
+        "i_prints_megabytes": (prepend(good, "print('x' * 3_000_000)\nfor i in range(30_000):\n    print(i)"), "ok", 12),
+        "j_deleted_test": (without_cell(good, "ex01_softmax"), "missing-cell", 8),
+        "k_renamed_test": (renamed(good, "ex01_scores", "ex01_scores_mine"), "missing-cell", 9),
+        "l_stripped_metadata": (stripped(good), "missing-cell", 0),
+        "m_edited_test": (edited(edited(good, "ex01_scores_answer", WRONG_SCORES), "ex01_scores", "assert True"), "tampered", 6),
+        "n_monkeypatch": (prepend(edited(good, "ex01_softmax_answer", WRONG_SOFTMAX), PATCH_CHECKS), "tampered", 5),
+        "o_no_record": (prepend(edited(good, "ex01_softmax_answer", WRONG_SOFTMAX), PATCH_CHECKS + "\nrecord = lambda *a, **k: None"),
+                        "tampered", 0),
+        "p_invalid_json": ('{"cells": [ this is not json', "unreadable", 0),
+        "q_memory_hog": (prepend(good, "hog = bytearray(8 * 1024 ** 3)"), "error", 7),
+    }
+    expected: dict[str, dict[str, tuple[str, float]]] = {}
+    for student, (nb, status, score) in cases.items():
+        save(nb, dest / student / name1)
+        expected[student] = {"ex01": (status, score), "ex07": ("missing-submission", 0)}
+    save(good7, dest / "a_correct" / name7)
+    expected["a_correct"]["ex07"] = ("needs-manual-grade", -1)  # -1: all autograded points (checked separately)
+    (dest / "r_nothing").mkdir(parents=True, exist_ok=True)
+    expected["r_nothing"] = {"ex01": ("missing-submission", 0), "ex07": ("missing-submission", 0)}
+    return expected

@@ -62,6 +62,7 @@ class CellSpec:
     kind: str
     points: float
     visible: str  # the source students see (hidden tests removed)
+    also: tuple[str, ...] = ()  # other accepted sources (the test as released to students earlier)
 
 
 @dataclass
@@ -96,15 +97,19 @@ def _source(cell: dict) -> str:
     return "".join(src) if isinstance(src, list) else str(src)
 
 
-def grade_specs(source_nb: dict) -> list[CellSpec]:
-    """The graded cells of an instructor notebook, in order."""
+def grade_specs(source_nb: dict, released: dict | None = None) -> list[CellSpec]:
+    """The graded cells of an instructor notebook, in order; ``released``: a student version handed out
+    earlier, whose test-cell sources are accepted as unedited too."""
+    earlier = {gid: strip_hidden(_source(c)) for gid, c in _cells_by_id(released).items()} if released else {}
     specs = []
     for cell in source_nb.get("cells", []):
         meta = nbgrader_meta(cell)
         if not meta.get("grade"):
             continue
         kind = "manual" if meta.get("solution") or cell.get("cell_type") != "code" else "auto"
-        specs.append(CellSpec(str(meta["grade_id"]), kind, float(meta.get("points", 0) or 0), strip_hidden(_source(cell))))
+        gid = str(meta["grade_id"])
+        also = (earlier[gid],) if gid in earlier else ()
+        specs.append(CellSpec(gid, kind, float(meta.get("points", 0) or 0), strip_hidden(_source(cell)), also))
     return specs
 
 
@@ -203,7 +208,9 @@ def judge_cells(job: Path, course: Path, ex: str, student: str, name: str, submi
     from .record import load_records
 
     source_nb = json.loads((course / "source" / ex / name).read_text(encoding="utf-8"))
-    specs = grade_specs(source_nb)
+    also_path = course / "released-earlier" / name
+    earlier = json.loads(also_path.read_text(encoding="utf-8")) if also_path.exists() else None
+    specs = grade_specs(source_nb, earlier)
     submitted = _cells_by_id(json.loads(submission.read_text(encoding="utf-8")))
     sandbox = json.loads((job / "sandbox.json").read_text(encoding="utf-8"))
     ag_path = job / "autograded" / student / ex / name
@@ -234,7 +241,7 @@ def judge_cells(job: Path, course: Path, ex: str, student: str, name: str, submi
             r.status, r.message = "missing-cell", "this test cell is missing from the submission (deleted, renamed, or metadata stripped)"
         elif spec.kind == "manual":
             r.status, r.message = "needs-manual-grade", "written answer: an instructor grades it"
-        elif _source(cell).strip() != spec.visible.strip():
+        elif _source(cell).strip() not in {spec.visible.strip(), *(a.strip() for a in spec.also)}:
             r.status, r.message = "tampered", "this locked test cell was edited; edited test cells earn 0"
         elif sandbox["timed_out"]:
             r.status, r.message = "timeout", note
@@ -550,6 +557,7 @@ def grade(
     timeout: int = 60,
     notebook_timeout: float | None = None,
     memory_mb: int = 4096,
+    released: str | Path | None = REPO / "exercises",
     judge_files: Iterable[str] = (),
     keep_work: bool = False,
     progress: bool = True,
@@ -558,6 +566,8 @@ def grade(
 
     ``timeout``: seconds per cell; ``notebook_timeout``: seconds per notebook (default
     ``max(120, 4 * timeout)``); ``memory_mb``: address-space limit of each grading process.
+    ``released``: the folder of student versions handed out (``exercises/``); a test cell identical to
+    the one released there is not "edited" even if the instructor changed the test since.
     """
     from tqdm.auto import tqdm
 
@@ -574,6 +584,10 @@ def grade(
     work = Path(tempfile.mkdtemp(prefix="tinytf-grade-"))
     try:
         course, names = build_course_root(sols, work / "course")  # a fresh gradebook db every run
+        for name in names.values():
+            if released and (Path(released) / name).is_file():
+                (course / "released-earlier").mkdir(exist_ok=True)
+                shutil.copyfile(Path(released) / name, course / "released-earlier" / name)
         specs = {ex: grade_specs(json.loads(p.read_text(encoding="utf-8"))) for ex, p in sols.items()}
         limit = float(notebook_timeout) if notebook_timeout else max(120.0, 4.0 * timeout)
         known = {ex: {nbgrader_meta(c).get("grade_id") for c in json.loads(p.read_text(encoding="utf-8"))["cells"]} - {None}

@@ -112,6 +112,7 @@ def api(root: str | os.PathLike, **config_kwargs: Any):
     ensure_tool_path()
     from nbgrader.apps import NbGraderAPI
 
+    (Path(root) / "exchange").mkdir(parents=True, exist_ok=True)
     a = NbGraderAPI(config=nbgrader_config(root, **config_kwargs))
     a.log.setLevel(logging.WARNING)
     return a

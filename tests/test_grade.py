@@ -1,0 +1,201 @@
+"""tinytf grade: a corpus of hostile and honest submissions graded in ONE run, plus the sandbox limits.
+
+The corpus (tests/_coursekit.build_corpus) is built from the committed exercises/ and solutions/:
+ex01 for every case of issue 8, ex07 (a written answer) for the correct student.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import html
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import _coursekit as K
+import pytest
+
+from tinytf.course.grade import STATUSES, classify_test_cell, grade, sanitize_for_feedback, summary_text
+from tinytf.course.nbgrader_root import REPO
+from tinytf.course.release import release
+from tinytf.course.sandbox import Limits, run_limited
+
+CELL_TIMEOUT, NOTEBOOK_TIMEOUT = 15, 90
+HAVE = all((REPO / d / f).exists() for d in ("exercises", "solutions") for f in ("ex01_by_hand.ipynb", "ex07_kv_cache.ipynb"))
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    if not HAVE:
+        pytest.skip("exercises/ex01, ex07 and their solutions are not there yet")
+    base = tmp_path_factory.mktemp("grading")
+    subs = base / "submissions"
+    released = base / "released"  # released now from the current solutions (exercises/ is checked by test_release)
+    release(REPO / "solutions", released, ["ex01", "ex07"])
+    expected = K.build_corpus(subs, released, REPO / "solutions")
+    before = {p: _sha(p) for p in subs.rglob("*") if p.is_file()}
+    start = time.monotonic()
+    results = grade(subs, base / "out", exercises=["ex01", "ex07"], jobs=2, timeout=CELL_TIMEOUT,
+                    notebook_timeout=NOTEBOOK_TIMEOUT, memory_mb=3072, released=released, progress=False)
+    wall = time.monotonic() - start
+    print(f"\ngraded {len(results)} notebooks in {wall:.0f} s\n" + (base / "out" / "grades.csv").read_text())
+    return {"released": released,
+            "base": base, "subs": subs, "out": base / "out", "expected": expected, "before": before, "results": results, "wall": wall}
+
+
+def test_every_submission_gets_its_expected_status_and_score(corpus):
+    rows = _rows(corpus["out"] / "grades.csv")
+    got = {(r["student"], r["exercise"]): (r["status"], float(r["score"]), float(r["max_score"])) for r in rows}
+    expected = corpus["expected"]
+    assert set(got) == {(s, ex) for s in expected for ex in ("ex01", "ex07")}, "one row per student and exercise"
+    wrong = []
+    for student, per_ex in expected.items():
+        for ex, (status, score) in per_ex.items():
+            g_status, g_score, g_max = got[(student, ex)]
+            want = score if score >= 0 else None
+            if g_status != status or (want is not None and g_score != want):
+                wrong.append(f"{student}/{ex}: got {g_status} {g_score:g}/{g_max:g}, expected {status} {score}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_correct_solution_gets_full_marks_and_written_answers_wait_for_a_human(corpus):
+    cells = [r for r in _rows(corpus["out"] / "grades_per_cell.csv") if r["student"] == "a_correct"]
+    auto = [r for r in cells if r["status"] != "needs-manual-grade"]
+    assert auto and all(r["status"] == "ok" and r["points"] == r["max_points"] for r in auto), auto
+    manual = [r for r in cells if r["status"] == "needs-manual-grade"]
+    assert [r["cell"] for r in manual] == ["ex07_explain"] and manual[0]["points"] == "0"
+    ex01 = next(r for r in corpus["results"] if r.student == "a_correct" and r.exercise == "ex01")
+    assert ex01.score == ex01.max_score == 12
+
+
+def test_per_cell_statuses_say_what_happened(corpus):
+    cells = {(r["student"], r["cell"]): r for r in _rows(corpus["out"] / "grades_per_cell.csv")}
+    assert all(r["status"] in STATUSES for r in cells.values())
+    assert cells[("c_wrong", "ex01_scores")]["status"] == "failed"
+    assert "scaling" in cells[("c_wrong", "ex01_scores")]["message"]  # the visible assert's message
+    assert cells[("e_loop", "ex01_attention")]["status"] == "timeout"
+    assert "whole-notebook limit" in cells[("f_loop_everywhere", "ex01_scores")]["message"]
+    assert "kernel died" in cells[("h_os_exit", "ex01_softmax")]["message"]
+    assert cells[("j_deleted_test", "ex01_softmax")]["status"] == "missing-cell"
+    assert cells[("k_renamed_test", "ex01_scores")]["status"] == "missing-cell"
+    assert cells[("m_edited_test", "ex01_scores")]["status"] == "tampered"
+    n = cells[("n_monkeypatch", "ex01_softmax")]
+    assert n["status"] == "tampered" and "independent check disagrees" in n["message"]
+    assert "exported no result" in cells[("o_no_record", "ex01_hand_qk")]["message"]
+    assert cells[("q_memory_hog", "ex01_hand_qk")]["status"] == "error"
+    # the visible tests that did not depend on the broken cell still earn their points
+    assert cells[("d_raises", "ex01_softmax")]["status"] == "ok"
+
+
+def test_feedback_exists_for_everyone_and_never_shows_hidden_tests(corpus):
+    out = corpus["out"]
+    tokens = set()
+    for name in ("ex01_by_hand.ipynb", "ex07_kv_cache.ipynb"):
+        tokens |= K.hidden_tokens(K.load(REPO / "solutions" / name), feedback=True)
+    assert len(tokens) > 10, tokens
+    for student, per_ex in corpus["expected"].items():
+        for ex in per_ex:
+            page = out / "feedback" / student / f"{ex}.html"
+            assert page.exists(), page
+            text = html.unescape(page.read_text(encoding="utf-8"))
+            leaked = K.leaks(text, tokens)
+            assert not leaked, f"{page}: hidden-test text in feedback: {leaked[:5]}"
+            assert "HIDDEN TESTS" not in text
+    good = html.unescape((out / "feedback" / "a_correct" / "ex01.html").read_text(encoding="utf-8"))
+    assert "12 / 12 points" in good and "softmax_by_hand" in good
+
+
+def test_submissions_are_never_modified_and_the_run_is_bounded(corpus):
+    after = {p: _sha(p) for p in corpus["subs"].rglob("*") if p.is_file()}
+    assert after == corpus["before"]
+    # without the whole-notebook limit the looping notebook alone would cost 12 cells x CELL_TIMEOUT = 180 s
+    assert corpus["wall"] < 600, f"grading the corpus took {corpus['wall']:.0f} s"
+    summary = (corpus["out"] / "summary.txt").read_text()
+    assert summary == summary_text(corpus["results"])
+    assert f"students graded: {len(corpus['expected'])}" in summary and "ex01:" in summary
+
+
+def test_rerun_gives_the_same_gradebook(corpus, tmp_path):
+    subs = tmp_path / "again"
+    keep = ("a_correct", "c_wrong", "p_invalid_json", "r_nothing")
+    for student in keep:
+        for f in (corpus["subs"] / student).glob("*"):
+            (subs / student).mkdir(parents=True, exist_ok=True)
+            (subs / student / f.name).write_bytes(f.read_bytes())
+        (subs / student).mkdir(parents=True, exist_ok=True)
+    grade(subs, tmp_path / "out", exercises=["ex01", "ex07"], jobs=2, timeout=CELL_TIMEOUT,
+          notebook_timeout=NOTEBOOK_TIMEOUT, memory_mb=3072, released=corpus["released"], progress=False)
+    for name in ("grades.csv", "grades_per_cell.csv"):
+        first = [r for r in _rows(corpus["out"] / name) if r["student"] in keep]
+        assert _rows(tmp_path / "out" / name) == first, name
+    for student in keep:
+        for page in (corpus["out"] / "feedback" / student).glob("*.html"):
+            assert (tmp_path / "out" / "feedback" / student / page.name).read_bytes() == page.read_bytes(), page
+
+
+# ---- pure helpers and the sandbox (fast) ---------------------------------------------------------------
+
+
+def test_classify_hides_messages_raised_inside_hidden_tests():
+    source = "assert f(2) == 4, 'visible message'\n### BEGIN HIDDEN TESTS\nassert f(9) == 18, 'secret message'\n### END HIDDEN TESTS"
+    cell = {"cell_type": "code", "execution_count": 7, "source": source, "metadata": {},
+            "outputs": [{"output_type": "error", "ename": "AssertionError", "evalue": "secret message",
+                         "traceback": ["Cell In[7], line 3", "AssertionError: secret message"]}]}
+    status, msg = classify_test_cell(cell)
+    assert status == "failed" and "secret" not in msg and "hidden test" in msg
+    cell["outputs"][0].update(evalue="visible message", traceback=["\x1b[0;32mCell In[7], line 1\x1b[0m"])
+    assert classify_test_cell(cell) == ("failed", "AssertionError: visible message (line 1)")
+    cell["outputs"][0].update(ename="CellTimeoutError")
+    assert classify_test_cell(cell)[0] == "timeout"
+    cell["outputs"] = []
+    assert classify_test_cell(cell) == ("ok", "")
+
+
+def test_sanitize_for_feedback_strips_hidden_tests_and_test_outputs():
+    from tinytf.course.grade import CellResult
+
+    nb = {"cells": [
+        {"cell_type": "code", "source": "x = 1\n### BEGIN HIDDEN TESTS\nzz_secret = 2\n### END HIDDEN TESTS", "outputs": [
+            {"output_type": "error", "ename": "AssertionError", "evalue": "zz_secret", "traceback": ["zz_secret"]}],
+         "metadata": {"nbgrader": {"grade": True, "solution": False, "grade_id": "t1", "points": 1}}},
+        {"cell_type": "code", "source": "print('y' * 50000)", "metadata": {},
+         "outputs": [{"output_type": "stream", "name": "stdout", "text": "y" * 50000}]},
+    ]}
+    clean = sanitize_for_feedback(nb, [CellResult("s", "ex90", "t1", 0, 1, "failed", "AssertionError (a hidden test)")])
+    text = json.dumps(clean)
+    assert "zz_secret" not in text and "HIDDEN" not in text
+    assert len(clean["cells"][1]["outputs"][0]["text"]) < 11_000
+    assert "zz_secret" in json.dumps(nb), "the input notebook is not modified"
+
+
+def test_sandbox_stops_loops_and_background_processes_and_limits_memory(tmp_path):
+    marker = tmp_path / "survivor"
+    script = textwrap.dedent(f"""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(3)
+            open({str(marker)!r}, "w").write("still alive")
+            os._exit(0)
+        while True:
+            time.sleep(0.1)
+    """)
+    start = time.monotonic()
+    res = run_limited([sys.executable, "-c", script], Limits(timeout=1.5, memory_mb=1024))
+    assert res.timed_out and res.returncode is None and time.monotonic() - start < 10
+    time.sleep(3.5)
+    assert not marker.exists(), "a forked, re-sessioned child survived the sandbox"
+    res = run_limited([sys.executable, "-c", "b = bytearray(2 * 1024 ** 3)"], Limits(timeout=30, memory_mb=512), log=tmp_path / "log")
+    assert not res.timed_out and res.returncode != 0 and "MemoryError" in (tmp_path / "log").read_text()
