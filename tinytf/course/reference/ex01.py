@@ -127,7 +127,9 @@ def _diagnose(namespace: dict[str, Any]) -> list[Any]:
     v = torch.randn(2, 3, 7, 6, generator=g)
 
     hand = namespace.get("hand_qk")
-    if hand is not None:
+    if hand is None:
+        findings.append(Finding(0, "hand_qk is not defined yet", "Task 1a: type your QKᵀ table as a nested list hand_qk[i][j]."))
+    else:
         try:
             table = torch.tensor(hand, dtype=torch.float32)
             ok = tuple(table.shape) == (3, 3) and torch.allclose(
@@ -179,7 +181,7 @@ def _diagnose(namespace: dict[str, Any]) -> list[Any]:
             findings.append(Finding(0, "softmax_by_hand changes the shape",
                                     f"scores {list(scores.shape)} must give weights of the same shape."))
         elif not torch.allclose(w.sum(-1), torch.ones(scores.shape[:-1]), atol=1e-4):
-            findings.append(Finding(3, "softmax_by_hand: rows do not sum to one",
+            findings.append(Finding(2, "softmax_by_hand: rows do not sum to one",
                                     "Normalise over the keys, the last axis: e / e.sum(dim=-1, keepdim=True)."))
         elif not torch.allclose(w, scores.softmax(-1), atol=1e-5):
             findings.append(Finding(0, "softmax_by_hand: wrong values", "Compare with torch.softmax(scores, dim=-1) on a small example."))

@@ -112,14 +112,14 @@ def _diagnose_block(name: str, cls: Any, norm: str, Finding: Any) -> list[Any]:
         with torch.no_grad():  # random LayerNorm affine parameters so that every parameter matters
             for p in ref.parameters():
                 p.add_(0.1 * torch.randn_like(p))
+    findings = [Finding(f.pitfall, f"{name}: {f.title}", f.message) for f in diagnose_block(lambda: cls(dim, heads, tokens))]
     mine, want = list(block.state_dict()), list(ref.state_dict())
     if mine != want:
         missing = [k for k in want if k not in mine]
         extra = [k for k in mine if k not in want]
-        return [Finding(0, f"{name}: parameter names differ from tinytf.TransformerBlock",
-                        f"missing {missing or 'none'}, unexpected {extra or 'none'}; use the submodules norm1, attn "
-                        "(tinytf.CausalSelfAttention), norm2, ffn (Sequential(Linear, GELU, Linear)).")]
-    findings = [Finding(f.pitfall, f"{name}: {f.title}", f.message) for f in diagnose_block(lambda: cls(dim, heads, tokens))]
+        findings.append(Finding(0, f"{name}: parameter names differ from tinytf.TransformerBlock",
+                                f"missing {missing or 'none'}, unexpected {extra or 'none'}; use the submodules norm1, attn "
+                                "(tinytf.CausalSelfAttention), norm2, ffn (Sequential(Linear, GELU, Linear))."))
     if findings:
         return findings
     other = "post" if norm == "pre" else "pre"

@@ -1,0 +1,421 @@
+"""Judges and diagnoses of exercises 1–4 (tinytf/course/reference/ex01.py … ex04.py).
+
+The instructor notebooks are the single source of truth: their solution cells are executed here
+(in-process, CPU, small sizes) to get the reference answers, their test cells are executed with
+``TINYTF_RECORD_DIR`` set so the hidden tests export what the clean-process judges see. Then:
+- every graded cell records exactly once and its judge accepts the reference answer;
+- each judge rejects wrong answers (including the buggy variants ``diagnose`` targets);
+- ``diagnose`` says nothing about the reference answers and names the pitfall on buggy ones;
+- nothing crashes on unfinished stubs (functions that raise NotImplementedError).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tinytf.course import judges
+from tinytf.course.record import RECORD_ENV, load_records
+from tinytf.course.reference import ex01, ex02, ex03, ex04
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = {
+    "ex01": REPO / "solutions" / "ex01_by_hand.ipynb",
+    "ex02": REPO / "solutions" / "ex02_padding_mask.ipynb",
+    "ex03": REPO / "solutions" / "ex03_heads.ipynb",
+    "ex04": REPO / "solutions" / "ex04_pre_post_norm.ipynb",
+}
+# cells too slow for a unit test; the comparison runs with STEPS overridden below
+SKIP = {"ex03_table", "ex04_plot"}
+
+
+def _cells(ex: str) -> list[dict]:
+    nb = json.loads(NOTEBOOKS[ex].read_text())
+    out = []
+    for cell in nb["cells"]:
+        src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        out.append({"type": cell["cell_type"], "src": src, "meta": cell.get("metadata", {}).get("nbgrader", {})})
+    return out
+
+
+def _grade_cells(ex: str) -> list[dict]:
+    return [c for c in _cells(ex) if c["type"] == "code" and c["meta"].get("grade")]
+
+
+def _run_notebook(ex: str, record_dir: Path | None, monkeypatch) -> dict:
+    """Execute the notebook's code cells in one namespace (CPU, headless); graded cells too when ``record_dir``."""
+    monkeypatch.setenv("TINYTF_DEVICE", "cpu")
+    monkeypatch.setenv("TINYTF_HEADLESS", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    if record_dir is None:
+        monkeypatch.delenv(RECORD_ENV, raising=False)
+    else:
+        monkeypatch.setenv(RECORD_ENV, str(record_dir))
+    ns: dict = {"__name__": f"__{ex}__"}
+    for cell in _cells(ex):
+        gid = cell["meta"].get("grade_id", "")
+        if cell["type"] != "code" or gid in SKIP or gid.endswith("_self_check"):
+            continue
+        if cell["meta"].get("grade") and record_dir is None:
+            continue
+        if gid == "ex04_compare_answer":
+            ns["STEPS"] = 8  # the comparison's structure, not its length, is what is judged
+        exec(compile(cell["src"], f"<{ex}:{gid}>", "exec"), ns)  # noqa: S102 - our own instructor notebook
+    return ns
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny tensors: one intra-op thread is faster and avoids oversubscribing a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """``{ex: (namespace, records)}`` from executing each instructor notebook with recording on."""
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for ex in NOTEBOOKS:
+            folder = tmp_path_factory.mktemp(f"records_{ex}")
+            torch.manual_seed(0)
+            ns = _run_notebook(ex, folder, mp)
+            out[ex] = (ns, load_records(folder))
+    return out
+
+
+# ---- structure: one judge per graded cell, one record per hidden test ------------------------------
+
+
+@pytest.mark.parametrize("ex", sorted(NOTEBOOKS))
+def test_every_graded_cell_has_a_judge_and_records_itself_once(ex):
+    registered = judges.load_all()
+    cells = _grade_cells(ex)
+    assert cells, f"{ex} has no graded cells"
+    for cell in cells:
+        gid = cell["meta"]["grade_id"]
+        assert gid.startswith(f"{ex}_") and re.fullmatch(r"[A-Za-z0-9_-]+", gid)
+        assert gid in registered, f"no judge registered for {gid}"
+        hidden = cell["src"].split("### BEGIN HIDDEN TESTS", 1)
+        assert len(hidden) == 2 and "### END HIDDEN TESTS" in hidden[1], f"{gid} has no hidden-test block"
+        calls = re.findall(r'record\(\s*"([^"]+)"', hidden[1])
+        assert calls == [gid], f"{gid}: the hidden tests must call record({gid!r}, ...) exactly once, found {calls}"
+        assert "record(" not in hidden[0], f"{gid}: record(...) must stay in the hidden part"
+
+
+@pytest.mark.parametrize("ex", sorted(NOTEBOOKS))
+def test_points_are_sensible(ex):
+    cells = [c for c in _cells(ex) if c["meta"].get("grade")]
+    auto = sum(c["meta"]["points"] for c in cells if c["type"] == "code")
+    manual = sum(c["meta"]["points"] for c in cells if c["type"] == "markdown")
+    assert 10 <= auto + manual <= 20, (ex, auto, manual)
+    assert auto >= manual
+
+
+# ---- judges accept the reference answer -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ex", sorted(NOTEBOOKS))
+def test_judges_accept_the_reference_answers(reference_runs, ex):
+    _, records = reference_runs[ex]
+    for cell in _grade_cells(ex):
+        gid = cell["meta"]["grade_id"]
+        assert gid in records, f"{gid} did not record anything"
+        ok, msg = judges.run_judge(gid, records[gid]["value"], records[gid]["inputs"])
+        assert ok, f"{gid}: the judge rejects the reference answer: {msg}"
+
+
+# ---- judges reject wrong answers -----------------------------------------------------------------
+
+
+def _rejects(gid: str, value, inputs: dict) -> str:
+    ok, msg = judges.run_judge(gid, value, inputs)
+    assert not ok, f"{gid}: the judge accepted a wrong answer"
+    assert msg and "Traceback" not in msg and "HIDDEN" not in msg
+    return msg
+
+
+def test_ex01_judges_reject_wrong_answers(reference_runs):
+    _, rec = reference_runs["ex01"]
+    r = rec["ex01_hand_qk"]
+    _rejects("ex01_hand_qk", r["value"].T.contiguous() + torch.eye(3), r["inputs"])
+    _rejects("ex01_hand_qk", r["value"], {**r["inputs"], "q": r["inputs"]["q"] * 2})  # tampered example
+    r = rec["ex01_scores"]
+    q, k = r["inputs"]["q"], r["inputs"]["k"]
+    _rejects("ex01_scores", q @ k.transpose(-2, -1), r["inputs"])  # pitfall 1: no scaling
+    _rejects("ex01_scores", q @ k.transpose(-2, -1) / q.size(-1), r["inputs"])  # 1/d
+    _rejects("ex01_scores", r["value"][..., :1], r["inputs"])  # wrong shape
+    _rejects("ex01_scores", "not a tensor", r["inputs"])
+    r = rec["ex01_softmax"]
+    s, big = r["inputs"]["scores"], r["inputs"]["large"]
+    _rejects("ex01_softmax", {"weights": s.softmax(-2), "large": big.softmax(-1)}, r["inputs"])  # wrong axis
+    _rejects("ex01_softmax", {"weights": s.softmax(-1), "large": big.exp() / big.exp().sum(-1, keepdim=True)}, r["inputs"])  # overflow
+    _rejects("ex01_softmax", {"weights": s.softmax(-1)}, r["inputs"])
+    r = rec["ex01_attention"]
+    out, w = r["value"]["out"], r["value"]["weights"]
+    _rejects("ex01_attention", {"out": out * 1.01, "weights": w}, r["inputs"])
+    _rejects("ex01_attention", {"out": out, "weights": w.flip(-1)}, r["inputs"])
+
+
+def test_ex02_judges_reject_wrong_answers(reference_runs):
+    _, rec = reference_runs["ex02"]
+    r = rec["ex02_mask"]
+    _rejects("ex02_mask", ~r["value"], r["inputs"])  # inverted convention
+    _rejects("ex02_mask", r["value"][:, 0, 0, :], r["inputs"])  # [B, T] instead of [B, 1, 1, T]
+    _rejects("ex02_mask", r["value"].float(), r["inputs"])  # not bool
+    r = rec["ex02_masked_softmax"]
+    s, m = r["inputs"]["scores"], r["inputs"]["mask"]
+    _rejects("ex02_masked_softmax", s.softmax(-1) * m, r["inputs"])  # pitfall 3: mask after softmax
+    _rejects("ex02_masked_softmax", s.masked_fill(~m, -1e4).softmax(-1) + 1e-6 * (~m), r["inputs"])  # not exactly zero
+    _rejects("ex02_masked_softmax", s.masked_fill(m, float("-inf")).softmax(-1).nan_to_num(), r["inputs"])  # inverted
+    r = rec["ex02_renormalise"]
+    _rejects("ex02_renormalise", r["inputs"]["weights"] * r["inputs"]["mask"], r["inputs"])  # not rescaled
+    r = rec["ex02_attention"]
+    inp = r["inputs"]
+    _rejects("ex02_attention", {"masked": r["value"]["unmasked"], "unmasked": r["value"]["unmasked"]}, inp)  # mask ignored
+    _rejects("ex02_attention", {"masked": r["value"]["masked"]}, inp)
+
+
+def test_ex03_judges_reject_wrong_answers(reference_runs):
+    _, rec = reference_runs["ex03"]
+    r = rec["ex03_param_count"]
+    _rejects("ex03_param_count", [4 * d * d for d, _, _ in r["inputs"]["cases"]], r["inputs"])  # no biases
+    _rejects("ex03_param_count", [n // h for n, (_, h, _) in zip(r["value"], r["inputs"]["cases"])] if any(
+        h > 1 for _, h, _ in r["inputs"]["cases"]) else [n + 1 for n in r["value"]], r["inputs"])
+    _rejects("ex03_param_count", [float(n) for n in r["value"]], r["inputs"])
+    r = rec["ex03_timing"]
+    _rejects("ex03_timing", {**r["value"], "cold_s": 0.3}, r["inputs"])  # cold call included
+    _rejects("ex03_timing", {**r["value"], "steady_s": r["value"]["steady_s"] * 1000}, r["inputs"])  # milliseconds
+    _rejects("ex03_timing", {**r["value"], "calls": 1}, r["inputs"])
+    _rejects("ex03_timing", {**r["value"], "steady_s": float("nan")}, r["inputs"])
+    r = rec["ex03_head_maps"]
+    _rejects("ex03_head_maps", r["value"].transpose(-2, -1), r["inputs"])
+    _rejects("ex03_head_maps", r["value"][:, :1], r["inputs"])
+    r = rec["ex03_results"]
+    bad = {h: dict(v) for h, v in r["value"].items()}
+    bad["2"]["params"] += 16
+    _rejects("ex03_results", bad, r["inputs"])
+    bad = {h: dict(v) for h, v in r["value"].items()}
+    bad["4"]["weights"] = bad["4"]["weights"][:, :1]
+    _rejects("ex03_results", bad, r["inputs"])
+
+
+def test_ex04_judges_reject_wrong_answers(reference_runs):
+    _, rec = reference_runs["ex04"]
+    pre, post = rec["ex04_pre_block"], rec["ex04_post_block"]
+    other = ex04.reference_block_output(**{**pre["inputs"], "norm": "post"})
+    _rejects("ex04_pre_block", other, pre["inputs"])  # the other layout
+    _rejects("ex04_pre_block", pre["value"], {**pre["inputs"], "norm": "post"})  # record for the wrong layout
+    other = ex04.reference_block_output(**{**post["inputs"], "norm": "pre"})
+    _rejects("ex04_post_block", other, post["inputs"])
+    _rejects("ex04_post_block", post["value"] + 1e-3, post["inputs"])
+    r = rec["ex04_train"]
+    second = {"loss": [v * 1.01 for v in r["value"]["second"]["loss"]], "grad_norm": r["value"]["second"]["grad_norm"]}
+    _rejects("ex04_train", {"first": r["value"]["first"], "second": second}, r["inputs"])  # not reproducible
+    _rejects("ex04_train", r["value"], {**r["inputs"], "factory_calls": 2})  # factory ignored
+    short = {k: {kk: vv[:-1] for kk, vv in v.items()} for k, v in r["value"].items()}
+    _rejects("ex04_train", short, r["inputs"])
+    r = rec["ex04_comparison"]
+    value = dict(r["value"])
+    value.pop(sorted(value)[0])
+    _rejects("ex04_comparison", value, r["inputs"])
+    nan = {k: {"loss": [float("nan")] * len(v["loss"]), "grad_norm": v["grad_norm"]} for k, v in r["value"].items()}
+    _rejects("ex04_comparison", nan, r["inputs"])
+
+
+# ---- diagnose: silent on the reference, names the pitfall on buggy code ----------------------------
+
+
+def _pitfalls(findings) -> list[int]:
+    return [f.pitfall for f in findings]
+
+
+def _titles(findings) -> str:
+    return " | ".join(f.title for f in findings)
+
+
+@pytest.mark.parametrize("ex,mod", [("ex01", ex01), ("ex02", ex02), ("ex03", ex03), ("ex04", ex04)])
+def test_diagnose_is_silent_on_the_reference(reference_runs, ex, mod):
+    ns, _ = reference_runs[ex]
+    assert mod.diagnose(ns) == [], _titles(mod.diagnose(ns))
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+@pytest.mark.parametrize("ex,mod,names", [
+    ("ex01", ex01, ["scores_by_hand", "softmax_by_hand", "attention_by_hand"]),
+    ("ex02", ex02, ["build_padding_mask", "masked_softmax", "renormalise", "padded_attention"]),
+    ("ex03", ex03, ["mha_parameter_count", "time_forward", "per_head_weights"]),
+    ("ex04", ex04, ["PreNormBlock", "PostNormBlock", "train_curve"]),
+])
+def test_diagnose_reports_stubs_and_missing_names_without_raising(ex, mod, names):
+    findings = mod.diagnose({name: _stub for name in names})
+    text = _titles(findings)
+    for name in names:
+        assert f"{name} is not implemented yet" in text, text
+    missing = mod.diagnose({})
+    assert all(f"{name} is missing" in _titles(missing) for name in names)
+
+
+def test_ex01_diagnose_names_the_pitfall(reference_runs):
+    ns, _ = reference_runs["ex01"]
+
+    def variant(**fns):
+        return ex01.diagnose({**ns, **fns})
+
+    unscaled = variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1))
+    assert 1 in _pitfalls(unscaled) and "scaling" in _titles(unscaled)
+    assert 1 in _pitfalls(variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1) / q.size(-1)))
+    assert 2 in _pitfalls(variant(scores_by_hand=lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.size(-1))))
+    wrong_axis = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-2, keepdim=True))
+    assert 2 in _pitfalls(wrong_axis) and "sum to one" in _titles(wrong_axis)
+    overflow = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-1, keepdim=True))
+    assert "overflows" in _titles(overflow)
+    assert "(out, weights)" in _titles(variant(attention_by_hand=lambda q, k, v: ns["attention_by_hand"](q, k, v)[0]))
+    assert "hand_qk" in _titles(variant(hand_qk=[[1, 0, 1], [0, 2, 2], [1, 2, 1]]))
+    assert "hand_qk" in _titles(ex01.diagnose({k: v for k, v in ns.items() if k != "hand_qk"}))
+
+
+def test_ex02_diagnose_names_the_pitfall(reference_runs):
+    ns, _ = reference_runs["ex02"]
+    mask_fn, softmax_fn = ns["build_padding_mask"], ns["masked_softmax"]
+
+    def variant(**fns):
+        return ex02.diagnose({**ns, **fns})
+
+    inverted = variant(build_padding_mask=lambda lengths, t, device=None: ~mask_fn(lengths, t, device))
+    assert 3 in _pitfalls(inverted) and "inverted" in _titles(inverted)
+    flat = variant(build_padding_mask=lambda lengths, t, device=None: mask_fn(lengths, t, device)[:, 0, 0, :])
+    assert "wrong shape" in _titles(flat) and "[:, None, None, :]" in " ".join(f.message for f in flat)
+    after = variant(masked_softmax=lambda s, m: s.softmax(-1) * m)
+    assert 3 in _pitfalls(after) and "after the softmax" in _titles(after)
+    assert 3 in _pitfalls(variant(masked_softmax=lambda s, m: s.masked_fill(m, float("-inf")).softmax(-1)))
+    assert 3 in _pitfalls(variant(renormalise=lambda w, m: w * m))
+
+    def ignores_mask(q, k, v, mask=None):
+        return (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).softmax(-1) @ v
+
+    def mask_after(q, k, v, mask=None):
+        w = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).softmax(-1)
+        return (w if mask is None else w * mask) @ v
+
+    def unscaled(q, k, v, mask=None):
+        s = q @ k.transpose(-2, -1)
+        return (s if mask is None else s.masked_fill(~mask, float("-inf"))).softmax(-1) @ v
+
+    assert 3 in _pitfalls(variant(padded_attention=ignores_mask))
+    assert 3 in _pitfalls(variant(padded_attention=mask_after))
+    assert 1 in _pitfalls(variant(padded_attention=unscaled))
+    assert softmax_fn is ns["masked_softmax"]
+
+
+def test_ex03_diagnose_names_the_problem(reference_runs):
+    ns, _ = reference_runs["ex03"]
+
+    def variant(**fns):
+        return ex03.diagnose({**ns, **fns})
+
+    no_bias = variant(mha_parameter_count=lambda dim, heads, bias=True: 4 * dim * dim)
+    assert "wrong count" in _titles(no_bias) and "bias" in no_bias[0].message
+    per_head = variant(mha_parameter_count=lambda dim, heads, bias=True: (4 * dim * dim + 4 * dim * bias) // heads)
+    assert "wrong count" in _titles(per_head)
+
+    def time_total(module, x, repeats=20, warmup=3):
+        import time as _t
+        start = _t.perf_counter()
+        for _ in range(repeats):
+            module(x)
+        return _t.perf_counter() - start
+
+    def time_cold(module, x, repeats=20, warmup=3):
+        import time as _t
+        start = _t.perf_counter()
+        for _ in range(repeats):
+            module(x)
+        return (_t.perf_counter() - start) / repeats
+
+    assert 12 in _pitfalls(variant(time_forward=time_total))
+    cold = variant(time_forward=time_cold)
+    assert 12 in _pitfalls(cold) and "cold" in _titles(cold)
+
+    def maps(scale_by, reshape_wrong=False, axis=-1):
+        def fn(mha, x):
+            b, t, d = x.shape
+            q, k, _ = mha.qkv(x).chunk(3, dim=-1)
+            if reshape_wrong:
+                q, k = q.reshape(b, mha.heads, t, mha.head_dim), k.reshape(b, mha.heads, t, mha.head_dim)
+            else:
+                q = q.view(b, t, mha.heads, mha.head_dim).transpose(1, 2)
+                k = k.view(b, t, mha.heads, mha.head_dim).transpose(1, 2)
+            return (q @ k.transpose(-2, -1) / scale_by(mha)).softmax(axis)
+        return fn
+
+    assert 1 in _pitfalls(variant(per_head_weights=maps(lambda m: 1.0)))
+    assert 1 in _pitfalls(variant(per_head_weights=maps(lambda m: math.sqrt(m.dim))))
+    assert 2 in _pitfalls(variant(per_head_weights=maps(lambda m: math.sqrt(m.head_dim), axis=-2)))
+    assert 6 in _pitfalls(variant(per_head_weights=maps(lambda m: math.sqrt(m.head_dim), reshape_wrong=True)))
+
+
+def test_ex04_diagnose_names_the_problem(reference_runs):
+    import tinytf
+
+    ns, _ = reference_runs["ex04"]
+    pre_cls, post_cls = ns["PreNormBlock"], ns["PostNormBlock"]
+
+    class PostIsPre(pre_cls):  # "post-norm" that still computes pre-norm
+        pass
+
+    class PreIsPost(post_cls):
+        pass
+
+    class LeakyPost(post_cls):  # bidirectional attention: same parameter names, sees the future
+        def __init__(self, dim, heads, max_tokens, expansion=4):
+            super().__init__(dim, heads, max_tokens, expansion)
+            self.attn = tinytf.MultiHeadAttention(dim, heads)
+
+    class BatchNormPost(post_cls):  # pitfall 7
+        def __init__(self, dim, heads, max_tokens, expansion=4):
+            super().__init__(dim, heads, max_tokens, expansion)
+            self.norm1, self.norm2 = _BatchNormLast(dim), _BatchNormLast(dim)
+
+    def quick_curve(block_factory, *, steps, lr, seed):  # a correct-looking stand-in: keeps block checks fast
+        return {"loss": [2.7] * steps, "grad_norm": [1.0] * steps}
+
+    def variant(**fns):
+        return ex04.diagnose({**ns, "train_curve": quick_curve, **fns})
+
+    assert "computes the pre-norm layout" in _titles(variant(PostNormBlock=PostIsPre))
+    assert "computes the post-norm layout" in _titles(variant(PreNormBlock=PreIsPost))
+    assert 4 in _pitfalls(variant(PostNormBlock=LeakyPost))
+    bn = variant(PostNormBlock=BatchNormPost)
+    assert 7 in _pitfalls(bn) and "parameter names" in _titles(bn)
+
+    train = ns["train_curve"]
+
+    def unseeded(block_factory, *, steps, lr, seed):
+        torch.manual_seed(torch.seed() % 1000)
+        return train(block_factory, steps=steps, lr=lr, seed=int(torch.randint(0, 1000, (1,))))
+
+    assert "not reproducible" in _titles(variant(train_curve=unseeded))
+    assert "wrong structure" in _titles(variant(train_curve=lambda block_factory, *, steps, lr, seed: [1.0] * steps))
+
+
+class _BatchNormLast(nn.Module):
+    """BatchNorm over the feature axis of [B, T, D]: statistics across the batch (pitfall 7)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(x.transpose(1, 2)).transpose(1, 2)
