@@ -25,7 +25,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 SOLUTIONS := $(sort $(wildcard solutions/*.ipynb))
 NBVAL     := -p no:cacheprovider --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile
 
-.PHONY: help setup lab test lint unit notebooks clean run test-cuda test-ui bench
+.PHONY: help setup lab test lint unit notebooks clean run test-cuda test-ui bench release grade
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -103,6 +103,17 @@ bench: $(SETUP) ## run every benchmarks/*.py in turn (DEVICE=cpu|cuda|auto): JSO
 	  echo "== [$$i/$$n] $$f (TINYTF_DEVICE=$(DEVICE))"; \
 	  TINYTF_DEVICE=$(DEVICE) MPLBACKEND=Agg $(PYTHON) $$f || exit 1; \
 	done; echo "== bench done: $$(ls build/bench | tr '\n' ' ')"
+
+release: $(SETUP) ## regenerate exercises/ from solutions/ with nbgrader (byte-identical when nothing changed)
+	$(PYTHON) -m tinytf.course.cli release
+
+SUBMISSIONS ?=
+OUT         ?= build/grades
+GRADE_ARGS  ?=
+
+grade: $(SETUP) ## grade SUBMISSIONS=<dir>/<student>/<exercise>.ipynb [OUT=build/grades] [JOBS=2] [GRADE_ARGS=--timeout 60]
+	@if [ -z "$(SUBMISSIONS)" ]; then echo "usage: make grade SUBMISSIONS=path/to/submissions [OUT=build/grades]"; exit 2; fi
+	$(PYTHON) -m tinytf.course.cli grade "$(SUBMISSIONS)" --out "$(OUT)" --jobs $(JOBS) $(GRADE_ARGS)
 
 clean: ## remove build outputs and caches (keeps .venv)
 	rm -rf build .pytest_cache .ruff_cache
