@@ -118,7 +118,7 @@ class Ledger:
     logits: int  # B×T×V (log-softmax output kept by the loss; the logits at inference)
     other: int  # small terms: LayerNorm statistics, masks, token ids, log-sum-exp
     kv_cache: int  # inference only: K and V for every layer
-    peak_phase: str = "backward"  # inference: which phase of the forward holds the most ("attention", "ffn", "logits")
+    peak_phase: str = ""  # inference: the phase of the forward that holds the most ("attention", "ffn", "logits")
 
     COMPONENTS = (
         "parameters", "gradients", "optimizer_state", "master_weights", "hidden", "ffn", "attention", "logits", "other", "kv_cache"
@@ -132,7 +132,9 @@ class Ledger:
 
     @property
     def total(self) -> int:
-        """Sum of every component: the predicted peak of the step."""
+        """Sum of every component. For inference this is the predicted peak; for training an
+        estimate of it (all components counted as if alive at once — backward frees activations
+        while it allocates gradients and temporaries; chapter 05 measures the difference)."""
         return sum(getattr(self, name) for name in self.COMPONENTS)
 
     def components(self) -> dict[str, int]:
@@ -207,7 +209,7 @@ def ledger(
     if training and tokens < 2:
         raise ValueError(f"a training step needs tokens >= 2 (the loss predicts the next token), got {tokens}")
     b = dtype_bytes(dtype)
-    peak_phase = "backward"
+    peak_phase = ""
     n_params, n_tensors = parameter_count(c)
     B, T, D, H, L, V = batch, tokens, c.dim, c.heads, c.layers, c.vocab
     F = c.expansion * D
