@@ -23,7 +23,9 @@ endif
 
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 SOLUTIONS := $(sort $(wildcard solutions/*.ipynb))
-NBVAL     := -p no:cacheprovider --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile
+# pytest-xdist's "-n JOBS" when the interpreter has it (PYTHON=python3 may not); expanded only when used
+XDIST      = $(shell $(PYTHON) -c "import xdist" >/dev/null 2>&1 && echo "-n $(JOBS) --dist loadfile")
+NBVAL      = -p no:cacheprovider --nbval-lax --nbval-current-env $(XDIST)
 
 .PHONY: help setup lab test lint unit notebooks clean run test-cuda test-ui bench release grade
 
@@ -83,13 +85,16 @@ except ImportError:
 if not torch.cuda.is_available():
     sys.exit(f"make test-cuda needs a CUDA GPU, but torch.cuda.is_available() is False here (torch {torch.__version__}, "
              f"built for CUDA {torch.version.cuda}). Run make test for the CPU checks.")
+missing = [m for m in ("pytest", "nbval", "ipykernel", "tinytf") if __import__("importlib.util").util.find_spec(m) is None]
+if missing:
+    sys.exit(f"make test-cuda: {sys.executable} lacks {missing}; pip install -e '.[dev]' into it first")
 print(f"make test-cuda: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
 endef
 export CUDA_CHECK
 
 test-cuda: $(SETUP) ## unit tests + every notebook on the GPU (TINYTF_DEVICE=cuda); fails clearly without CUDA
 	@$(PYTHON) -c "$$CUDA_CHECK"
-	TINYTF_DEVICE=cuda $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile -m "not ui" --ignore=tests/ui tests
+	TINYTF_DEVICE=cuda $(PYTHON) -m pytest -q $(XDIST) -m "not ui" --ignore=tests/ui tests
 	$(MAKE) --no-print-directory notebooks DEVICE=cuda PYTHON=$(PYTHON)
 
 test-ui: $(SETUP) ## real-browser test: JupyterLab + Chromium (Playwright) drive chapter 01's attention explorer
