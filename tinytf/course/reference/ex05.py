@@ -120,7 +120,7 @@ def _diagnose_cross(cls: Any, attention_ok: bool) -> list[Any]:
     x, ctx = torch.randn(2, 3, 12, generator=g), torch.randn(2, 5, 12, generator=g)
     pad = padding_mask([5, 2], 5)
     with torch.no_grad():
-        out, problem = _call("CrossAttention.forward(x [2, 3, 12], context [2, 5, 12])", cross, x, ctx)
+        out, problem = _call("CrossAttention.forward", cross, x, ctx)
         if problem:
             shapes = "shape" in problem.message or "size" in problem.message
             hint = " Take Tq from x and Tk from context: they differ in cross-attention." if shapes else ""
