@@ -222,8 +222,8 @@ def attention_explorer(
     controls = {
         "sentence": widgets.Text(value=sentence, description="sentence", continuous_update=False,
                                  layout=widgets.Layout(width="340px")),
-        "tokenizer": widgets.ToggleButtons(options=list(TOKENIZERS), value=tokenizer, description="tokens",
-                                           style={"button_width": "60px", "description_width": "initial"}),
+        "tokenizer": widgets.Dropdown(options=list(TOKENIZERS), value=tokenizer, description="tokens",
+                                      layout=widgets.Layout(width="180px")),
         "mask": widgets.Dropdown(options=list(MASKS), value=mask, description="mask", layout=widgets.Layout(width="180px")),
         "scaling": widgets.Dropdown(options=list(SCALINGS), value=scaling, description="scaling",
                                     layout=widgets.Layout(width="210px")),
