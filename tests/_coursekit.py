@@ -190,7 +190,8 @@ def leaks(text: str, tokens: set[str]) -> list[str]:
 # ---- the grading corpus on the real exercises ------------------------------------------------------
 
 WRONG_SCORES = 'def scores_by_hand(q, k):\n    """Forgets the 1/sqrt(d) scale."""\n    return q @ k.transpose(-2, -1)'
-WRONG_SOFTMAX = 'def softmax_by_hand(scores):\n    """Normalises over the wrong axis."""\n    e = scores.exp()\n    return e / e.sum(dim=-2, keepdim=True)'
+WRONG_SOFTMAX = ('def softmax_by_hand(scores):\n    """Stable, but normalises over the wrong axis."""\n'
+                 '    e = (scores - scores.amax(dim=-1, keepdim=True)).exp()\n    return e / e.sum(dim=-2, keepdim=True)')
 LOOP_ON_4D = ('def attention_by_hand(q, k, v):\n    """Loops forever on 4-D inputs (the hidden test)."""\n    while q.dim() == 4:\n        pass\n'
               '    w = softmax_by_hand(scores_by_hand(q, k))\n    return w @ v, w')
 PATCH_CHECKS = "import torch\ntorch.allclose = lambda *a, **k: True\ntorch.testing.assert_close = lambda *a, **k: None"
@@ -224,7 +225,7 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
         "f_loop_everywhere": (loops, "timeout", 0),
         "g_sys_exit": (prepend(good, "import sys\nsys.exit(3)"), "error", 7),
         "h_os_exit": (edited(good, "ex01_scores_answer", "import os\nos._exit(0)"), "error", 0),
-        "i_prints_megabytes": (prepend(good, "print('x' * 3_000_000)\nfor i in range(30_000):\n    print(i)"), "ok", 12),
+        "i prints megabytes (odd folder name)": (prepend(good, "print('x' * 3_000_000)\nfor i in range(30_000):\n    print(i)"), "ok", 12),
         "j_deleted_test": (without_cell(good, "ex01_softmax"), "missing-cell", 8),
         "k_renamed_test": (renamed(good, "ex01_scores", "ex01_scores_mine"), "missing-cell", 9),
         "l_stripped_metadata": (stripped(good), "missing-cell", 0),

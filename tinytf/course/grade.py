@@ -392,6 +392,15 @@ class _Context:
     known_ids: dict[str, set[str]]
 
 
+def _safe_id(name: str) -> str:
+    """``name`` when it is a safe nbgrader student id, else a readable safe id with a hash suffix."""
+    if _STUDENT.match(name):
+        return name
+    import hashlib
+
+    return "s_" + re.sub(r"[^A-Za-z0-9_.@+-]", "_", name)[:60] + "_" + hashlib.sha1(name.encode()).hexdigest()[:8]
+
+
 def _find_submission(student_dir: Path, ex: str, name: str) -> Path | None:
     for cand in (student_dir / name, student_dir / ex / name):
         if cand.is_file():
@@ -441,6 +450,7 @@ def _sandbox_one(ctx: _Context, student: str, student_dir: Path, ex: str) -> Exe
         read_notebook(sub)
     except ValueError as err:
         return _whole(ex, student, specs, "unreadable", f"{sub.name}: {err}")
+    display, student = student, _safe_id(student)  # nbgrader and the paths get a safe id; the CSVs the folder name
     job = ctx.work / "jobs" / f"{student}__{ex}"
     shutil.rmtree(job, ignore_errors=True)
     (job / "source" / ex).mkdir(parents=True)
@@ -459,7 +469,7 @@ def _sandbox_one(ctx: _Context, student: str, student_dir: Path, ex: str) -> Exe
                                                    "seconds": run.seconds, "limit": ctx.limits.timeout}))
     if run.timed_out:
         (job / "autograde.json").unlink(missing_ok=True)  # whatever it wrote is not trusted
-    return {"job": str(job), "exercise": ex, "student": student, "name": name, "submission": str(pristine)}
+    return {"job": str(job), "exercise": ex, "student": student, "display": display, "name": name, "submission": str(pristine)}
 
 
 def _finish_all(ctx: _Context, items: list[dict], jobs: int) -> None:
@@ -484,12 +494,12 @@ def _finish_all(ctx: _Context, items: list[dict], jobs: int) -> None:
 
 
 def _collect(ctx: _Context, item: dict) -> ExerciseResult:
-    ex, student = item["exercise"], item["student"]
+    ex, student = item["exercise"], item.get("display", item["student"])
     path = Path(item["job"]) / "result.json"
     payload = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"error": "the judging process did not finish"}
     if "error" in payload:
         return _whole(ex, student, ctx.specs[ex], "error", "grader error while judging: " + payload["error"])
-    cells = [CellResult(**c) for c in payload["cells"]]
+    cells = [CellResult(**dict(c, student=student)) for c in payload["cells"]]
     res = _aggregate(student, ex, cells, payload["note"])
     res.feedback = payload["feedback"]
     return res
@@ -578,9 +588,6 @@ def grade(
     if not sols:
         raise FileNotFoundError(f"no exNN_*.ipynb in {solutions}")
     students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
-    bad = [p.name for p in students if not _STUDENT.match(p.name)]
-    if bad:
-        raise ValueError(f"student folder names must be letters, digits, '_', '.', '@', '+', '-': {bad}")
     work = Path(tempfile.mkdtemp(prefix="tinytf-grade-"))
     try:
         course, names = build_course_root(sols, work / "course")  # a fresh gradebook db every run
