@@ -98,7 +98,7 @@ def plot(report: dict, path: Path) -> None:
     ax_c.legend(fontsize=8)
     m = report["model"]
     fig.suptitle(f"TinyLanguageModel layers={m['layers']}, D={m['dim']}, H={m['heads']}, V={m['vocab']}, B=1, fp32, "
-                 f"{m['backend']} attention — {report['device_name']}, {report['threads']} threads", fontsize=10)
+                 f"{m['backend']} attention — {report['device_name']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--backend", default="explicit", choices=["explicit", "sdpa"])
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per length with the cache (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per length with the cache (median)")
+    parser.add_argument("--step-runs", type=int, default=3, help="decode-step sweeps for the per-token curve (median per step)")
     parser.add_argument("--recompute-repeats", type=int, default=1, help="timed runs per length without it (slow)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--out", default="build/bench")
@@ -160,8 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
         conditions = cached.conditions
 
     # per-token time against the context: decode steps with the cache vs one recompute forward
-    steps = decode_step_times(model, prompt, n_max, device)
-    steps = min(steps, decode_step_times(model, prompt, n_max, device), key=sum)  # the quieter of two runs
+    runs = [decode_step_times(model, prompt, n_max, device) for _ in range(args.step_runs)]
+    steps = [statistics.median(ts) for ts in zip(*runs)]  # per context: the median over runs (filters preemption spikes)
     buckets = bucket_medians(steps, args.prompt, width=32)
     recompute_pts = []
     with torch.inference_mode():
@@ -191,6 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
         "conditions": conditions,
         "generation": rows,
         "per_token": {
+            "method": f"decode steps: median over {args.step_runs} sweeps per context, then median per 32-context bucket; "
+            "recompute: median of 3 forwards over the whole context",
             "cached_steps_ms": [1e3 * t for t in steps],
             "cached_buckets": buckets,
             "recompute": recompute_pts,
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
     plot(report, out_dir / "kv_cache.png")
 
     m = report["model"]
-    print(f"\n{report['benchmark']}\non {device_name}, {report['threads']} threads, torch {torch.__version__}; {report['note']}")
+    print(f"\n{report['benchmark']}\non {device_name}, torch {torch.__version__}; {report['note']}")
     print(f"model: layers={m['layers']}, D={m['dim']}, H={m['heads']}, V={m['vocab']}, {m['parameters']:,} parameters, "
           f"{args.backend} attention; prompt {args.prompt} tokens, B=1, fp32, greedy")
     print(f"{'new':>5} {'cached s':>9} {'tok/s':>8} {'recompute s':>12} {'tok/s':>8} {'speed-up':>9} {'cache':>10}")
