@@ -75,6 +75,8 @@ def test_cache_overflow_and_shape_errors(model):
     with torch.no_grad():
         with pytest.raises(ValueError, match="overflow"):
             model(torch.randint(0, 40, (1, 5)), cache=small)
+    with pytest.raises(ValueError, match=r"torch.float32 .* torch.float64.*for_model"):
+        KVCache(3, 2, 4, 6, 8).update(0, torch.zeros(2, 4, 1, 8, dtype=torch.float64), torch.zeros(2, 4, 1, 8, dtype=torch.float64))
     wrong_batch = KVCache.for_model(model, batch=2)
     with pytest.raises(ValueError, match="B=2"):
         model(torch.randint(0, 40, (3, 2)), cache=wrong_batch)

@@ -77,6 +77,11 @@ class KVCache:
                 f"KVCache expects k and v of shape [B={b}, H={h}, t, d_head={d}], got k {list(k.shape)}, "
                 f"v {list(v.shape)}. Build the cache with the model's batch size, heads and head width."
             )
+        if k.dtype != self.k.dtype or k.device != self.k.device:
+            raise ValueError(
+                f"KVCache holds {self.k.dtype} on {self.k.device} but got k/v {k.dtype} on {k.device}. "
+                "Build the cache after moving the model: KVCache.for_model(model, batch) copies its dtype and device."
+            )
         past, t = self.lengths[layer], k.size(2)
         if past + t > cap:
             raise ValueError(
