@@ -32,8 +32,11 @@ def _plain(x: Any) -> Any:
         return {str(k): _plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_plain(v) for v in x]
-    if x is None or isinstance(x, (bool, int, float, str)):
+    if x is None:
         return x
+    for kind in (bool, int, float, str):  # subclasses (e.g. torch.__version__) become the plain type,
+        if isinstance(x, kind):  # which torch.load(weights_only=True) accepts
+            return kind(x)
     raise TypeError(f"record: cannot export a value of type {type(x).__name__}; pass tensors, numbers, strings, lists or dicts")
 
 
