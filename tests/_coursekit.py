@@ -190,8 +190,8 @@ def leaks(text: str, tokens: set[str]) -> list[str]:
 # ---- the grading corpus on the real exercises ------------------------------------------------------
 
 WRONG_SCORES = 'def scores_by_hand(q, k):\n    """Forgets the 1/sqrt(d) scale."""\n    return q @ k.transpose(-2, -1)'
-WRONG_SOFTMAX = ('def softmax_by_hand(scores):\n    """Stable, but normalises over the wrong axis."""\n'
-                 '    e = (scores - scores.amax(dim=-1, keepdim=True)).exp()\n    return e / e.sum(dim=-2, keepdim=True)')
+WRONG_SOFTMAX = ('def softmax_by_hand(scores):\n    """Stable exp, but forgets to divide by the row sum."""\n'
+                 '    return (scores - scores.amax(dim=-1, keepdim=True)).exp()')
 LOOP_ON_4D = ('def attention_by_hand(q, k, v):\n    """Loops forever on 4-D inputs (the hidden test)."""\n    while q.dim() == 4:\n        pass\n'
               '    w = softmax_by_hand(scores_by_hand(q, k))\n    return w @ v, w')
 PATCH_CHECKS = "import torch\ntorch.allclose = lambda *a, **k: True\ntorch.testing.assert_close = lambda *a, **k: None"

@@ -1,0 +1,69 @@
+"""tinytf validate and self_check: a wrong answer is named (pitfall), deleted/edited test cells are caught,
+the exit status says whether anything is wrong, and self_check never raises."""
+
+from __future__ import annotations
+
+import json
+
+import _coursekit as K
+import pytest
+
+from tinytf.course.cli import main
+from tinytf.course.nbgrader_root import REPO
+from tinytf.course.release import release
+from tinytf.course.validate import diagnose_json, self_check
+
+HAVE = (REPO / "solutions" / "ex01_by_hand.ipynb").exists()
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    if not HAVE:
+        pytest.skip("solutions/ex01 is not there yet")
+    out = tmp_path_factory.mktemp("released")
+    release(REPO / "solutions", out, ["ex01"])
+    return out
+
+
+def test_validate_names_the_pitfall_and_catches_deleted_and_edited_tests(released, tmp_path, capsys):
+    rel, sol = K.load(released / "ex01_by_hand.ipynb"), K.load(REPO / "solutions" / "ex01_by_hand.ipynb")
+    nb = K.edited(K.solved(rel, sol), "ex01_scores_answer", K.WRONG_SCORES)  # forgets 1/sqrt(d)
+    nb = K.without_cell(nb, "ex01_hand_qk")
+    nb = K.edited(nb, "ex01_softmax", "assert True  # tests are for other people")
+    path = K.save(nb, tmp_path / "ex01_by_hand.ipynb")
+    rc = main(["validate", str(path), "--released", str(released), "--timeout", "60"])
+    out = capsys.readouterr().out
+    print(out)
+    assert rc == 1
+    assert "FAIL    ex01_scores" in out and "FAIL    ex01_attention" in out
+    assert "pitfall 1" in out and "sqrt" in out, "the diagnosis names the missing scale"
+    assert "test cell ex01_hand_qk was deleted" in out and "test cell ex01_softmax was edited" in out
+    assert "PASS    ex01_hand_qk (2 pt) [deleted]" in out, "the released test is run in place of the deleted one"
+    assert "PASS    ex01_softmax (4 pt) [edited]" in out
+    assert "Result: FAILED" in out
+
+
+def test_validate_passes_a_correct_notebook_and_fails_an_untouched_or_unreadable_one(released, tmp_path, capsys):
+    rel, sol = K.load(released / "ex01_by_hand.ipynb"), K.load(REPO / "solutions" / "ex01_by_hand.ipynb")
+    good = K.save(K.solved(rel, sol), tmp_path / "good" / "ex01_by_hand.ipynb")
+    bad = K.save("{ not a notebook", tmp_path / "bad" / "ex01_by_hand.ipynb")
+    rc = main(["validate", str(good), "--released", str(released)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "Result: OK" in out and "no known pitfall" in out
+    assert main(["validate", str(bad), "--released", str(released)]) == 2
+    assert "cannot read" in capsys.readouterr().out
+
+
+def test_self_check_never_raises_and_explains(capsys):
+    self_check("ex01")  # pytest's __main__ has none of the student's functions
+    out = capsys.readouterr().out
+    assert "ex01 self-check" in out and "tinytf validate exercises/ex01" in out
+    self_check("ex99")  # no such exercise: says so, does not raise
+    assert "could not run" in capsys.readouterr().out
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError()
+
+    data = json.loads(diagnose_json("ex01", {"scores_by_hand": stub, "softmax_by_hand": stub, "attention_by_hand": stub}))
+    assert "findings" in data and data["findings"], "unimplemented functions are reported, not raised"
