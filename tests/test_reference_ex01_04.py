@@ -187,7 +187,7 @@ def test_ex02_judges_reject_wrong_answers(reference_runs):
 def test_ex03_judges_reject_wrong_answers(reference_runs):
     _, rec = reference_runs["ex03"]
     r = rec["ex03_param_count"]
-    _rejects("ex03_param_count", [4 * d * d for d, _, _ in r["inputs"]["cases"]], r["inputs"])  # no biases
+    _rejects("ex03_param_count", [4 * d * d + (0 if b else 4 * d) for d, _, b in r["inputs"]["cases"]], r["inputs"])  # bias flipped
     _rejects("ex03_param_count", [n // h for n, (_, h, _) in zip(r["value"], r["inputs"]["cases"])] if any(
         h > 1 for _, h, _ in r["inputs"]["cases"]) else [n + 1 for n in r["value"]], r["inputs"])
     _rejects("ex03_param_count", [float(n) for n in r["value"]], r["inputs"])
