@@ -1,0 +1,126 @@
+"""tinytf release: deterministic, nothing of a solution or a hidden test reaches exercises/, and the
+released exercises, run untouched, fail their tests cleanly (NotImplementedError) without crashing."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import _coursekit as K
+import pytest
+
+from tinytf.course.nbgrader_root import REPO, find_notebooks
+from tinytf.course.release import release
+
+SOLUTIONS = find_notebooks(REPO / "solutions") if (REPO / "solutions").is_dir() else {}
+RELEASED = find_notebooks(REPO / "exercises") if (REPO / "exercises").is_dir() else {}
+CLEAN_ERRORS = {"NotImplementedError", "NameError", "AssertionError"}
+
+
+def test_release_is_byte_identical_and_strips_solutions_and_hidden_tests(tmp_path):
+    K.toy_solution(tmp_path / "sol")
+    (a,) = release(tmp_path / "sol", tmp_path / "a")
+    (b,) = release(tmp_path / "sol", tmp_path / "b")
+    assert a.read_bytes() == b.read_bytes()
+    text = a.read_text(encoding="utf-8")
+    assert text.endswith("}\n") and text == json.dumps(json.loads(text), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+    for secret in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", "zq_hidden_probe", "zq hidden message", "return 2 * x", "zqwritten"):
+        assert secret not in text, secret
+    nb = json.loads(text)
+    assert "raise NotImplementedError()" in K.src(K.cell_with(nb, "ex90_double"))
+    assert "YOUR ANSWER HERE" in K.src(K.cell_with(nb, "ex90_why"))
+    assert "double(2)" in K.src(K.cell_with(nb, "ex90_double_test")), "visible tests stay"
+    ids = [c["id"] for c in nb["cells"]]
+    assert len(set(ids)) == len(ids)
+    before = a.stat().st_mtime_ns
+    time.sleep(0.01)
+    release(tmp_path / "sol", tmp_path / "a")
+    assert a.stat().st_mtime_ns == before, "an unchanged release does not rewrite the file"
+
+
+@pytest.mark.skipif(not SOLUTIONS, reason="no solutions yet")
+def test_committed_exercises_are_exactly_a_fresh_release(tmp_path):
+    fresh = release(REPO / "solutions", tmp_path)
+    assert sorted(p.name for p in fresh) == sorted(p.name for p in RELEASED.values()), "run `make release` and commit exercises/"
+    for path in fresh:
+        assert (REPO / "exercises" / path.name).read_bytes() == path.read_bytes(), f"exercises/{path.name} is stale: run `make release`"
+
+
+def _solution_lines(nb: dict) -> tuple[list[str], str]:
+    inside, outside, on = [], [], False
+    for cell in nb["cells"]:
+        for line in K.src(cell).split("\n"):
+            if "### BEGIN SOLUTION" in line:
+                on = True
+            elif "### END SOLUTION" in line:
+                on = False
+            elif on:
+                inside.append(line.strip())
+            else:
+                outside.append(line)
+    return inside, "\n".join(outside)
+
+
+@pytest.mark.skipif(not RELEASED, reason="no released exercises yet")
+@pytest.mark.parametrize("ex", sorted(RELEASED))
+def test_nothing_of_a_solution_or_a_hidden_test_is_released(ex):
+    sol = K.load(SOLUTIONS[ex])
+    rel = K.load(RELEASED[ex])
+    text = "\n".join(K.src(c) for c in rel["cells"])
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+        assert marker not in text
+    hidden = K.hidden_tokens(sol)
+    assert not K.leaks(text, hidden), K.leaks(text, hidden)[:5]
+    inside, outside = _solution_lines(sol)
+    unique = {line for line in inside if len(line) >= 10 and line not in outside and not re.fullmatch(r"[#\s\w]*", line)}
+    leaked = sorted(line for line in unique if line in text)
+    assert not leaked, leaked[:5]
+    # every test cell of the solution is in the release, locked, with the same points
+    tests = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"] for c in sol["cells"]
+             if c["metadata"].get("nbgrader", {}).get("grade")}
+    got = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"] for c in rel["cells"]
+           if c["metadata"].get("nbgrader", {}).get("grade")}
+    assert set(got) == set(tests)
+    assert all(got[g]["points"] == tests[g]["points"] for g in tests)
+
+
+def _run_untouched(path: Path) -> tuple[list, bool, float]:
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(path.parent)}})
+    start = time.monotonic()
+    probe = nbformat.v4.new_code_cell("print('kernel alive')")
+    nb.cells.append(probe)
+    with client.setup_kernel():
+        for i, cell in enumerate(nb.cells):
+            client.execute_cell(cell, i)
+    alive = any("kernel alive" in o.get("text", "") for o in nb.cells[-1].outputs)
+    return nb.cells[:-1], alive, time.monotonic() - start
+
+
+@pytest.mark.skipif(not RELEASED, reason="no released exercises yet")
+@pytest.mark.parametrize("ex", sorted(RELEASED))
+def test_released_exercise_run_untouched_fails_its_tests_cleanly(ex, monkeypatch):
+    monkeypatch.setenv("TINYTF_HEADLESS", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    cells, alive, seconds = _run_untouched(RELEASED[ex])
+    assert alive, "the kernel must survive the untouched exercise"
+    assert seconds < 120, f"the untouched exercise took {seconds:.0f} s"
+    errors = {}
+    for cell in cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                errors[cell["metadata"].get("nbgrader", {}).get("grade_id", cell.get("id"))] = out["ename"]
+    tests = [c["metadata"]["nbgrader"]["grade_id"] for c in cells
+             if c["metadata"].get("nbgrader", {}).get("grade") and not c["metadata"]["nbgrader"].get("solution")]
+    passing = [t for t in tests if t not in errors]
+    assert tests and not passing, f"every test cell must fail untouched; passing: {passing}"
+    assert set(errors.values()) <= CLEAN_ERRORS, f"unexpected errors: {errors}"
+    assert "NotImplementedError" in errors.values()
+    last = K.src(cells[-1])
+    assert last.startswith(f'from tinytf.course.validate import self_check; self_check("{ex}")'), "the last cell is the self-check"
+    assert not any(o.get("output_type") == "error" for o in cells[-1].get("outputs", [])), "self_check never raises"
