@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tinytf import KVCache, TinyLanguageModel, generate
+from tinytf import CausalSelfAttention, KVCache, TinyLanguageModel, generate
 
 
 @pytest.fixture
@@ -113,3 +113,20 @@ def test_generate_edge_cases_and_mode(model, device):
         generate(model, prompts[:, :0], 3)
     with pytest.raises(ValueError, match=r"ids \[B, T\]"):
         generate(model, prompts[0], 3)
+
+
+def test_decode_step_weights_cover_every_cached_key(device):
+    torch.manual_seed(2)
+    attn = CausalSelfAttention(16, 2, 12).to(device).eval()
+    cache = KVCache(1, 2, 2, 12, 8, device=device)
+    x = torch.randn(2, 6, 16, device=device)
+    with torch.no_grad():
+        full, w_full = attn(x, return_weights=True)
+        attn(x[:, :5], cache=cache)
+        fast = attn(x[:, 5:], cache=cache)  # decode fast path (fused kernel)
+        cache.lengths = [5]
+        slow, w = attn(x[:, 5:], cache=cache, return_weights=True)  # explicit path, same step
+    torch.testing.assert_close(fast, full[:, 5:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(slow, fast, atol=1e-5, rtol=1e-5)
+    assert w.shape == (2, 2, 1, 6) and (w > 0).all()  # one query sees all 6 keys, none masked
+    torch.testing.assert_close(w, w_full[:, :, 5:], atol=1e-5, rtol=1e-5)

@@ -147,7 +147,8 @@ class CausalSelfAttention(MultiHeadAttention):
     """Decoder self-attention: ``qkv`` + ``proj``, a causal mask, at most ``max_tokens`` positions.
 
     With a :class:`tinytf.KVCache` the forward computes q/k/v for the new tokens only, writes their
-    k/v into the cache and attends over everything cached (an end-aligned causal mask).
+    k/v into the cache and attends over everything cached (an end-aligned causal mask). A decode
+    step of one token with no extra mask uses the fused kernel whatever the backend (same math).
     """
 
     def __init__(
@@ -185,8 +186,13 @@ class CausalSelfAttention(MultiHeadAttention):
         if mask is not None:
             check_mask(mask, (b, self.heads, t, k.size(-2)))
         # One query (a decode step) is the newest token: the end-aligned causal mask lets it see every
-        # key, so skip building and applying an all-True mask on the hot decode path.
-        res = self.attend(q, k, v, mask, t > 1, return_weights)
+        # key, so no mask is built or applied on the hot decode path.
+        if cache is not None and t == 1 and mask is None and not return_weights and not (self.training and self.dropout > 0):
+            # Decode fast path, whatever the backend: softmax(q kᵀ / sqrt(d)) v for one query is the same
+            # math in the fused kernel, in one call instead of several ops per layer and token.
+            res = F.scaled_dot_product_attention(q, k, v)
+        else:
+            res = self.attend(q, k, v, mask, t > 1, return_weights)
         if return_weights:
             out, weights = res
             return self.proj(self.merge_heads(out)), weights

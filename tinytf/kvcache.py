@@ -35,6 +35,7 @@ class KVCache:
         shape = (layers, batch, heads, max_tokens, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)  # views [B, H, max_tokens, d_head]
         self.lengths = [0] * layers
 
     @classmethod
@@ -88,10 +89,11 @@ class KVCache:
                 f"KV cache overflow at layer {layer}: it holds {cap} tokens, {past} are written and "
                 f"{t} more were asked for. Create the cache with max_tokens >= {past + t} or start a new one."
             )
-        self.k[layer, :, :, past : past + t] = k  # in place: no reallocation per step
-        self.v[layer, :, :, past : past + t] = v
+        k_buf, v_buf = self._k_layers[layer], self._v_layers[layer]
+        k_buf.narrow(2, past, t).copy_(k)  # in place at the write position: no reallocation per step
+        v_buf.narrow(2, past, t).copy_(v)
         self.lengths[layer] = past + t
-        return self.k[layer, :, :, : past + t], self.v[layer, :, :, : past + t]
+        return k_buf.narrow(2, 0, past + t), v_buf.narrow(2, 0, past + t)  # views, no copy
 
     def __repr__(self) -> str:
         layers, b, h, cap, d = self.shape
