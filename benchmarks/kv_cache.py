@@ -1,7 +1,7 @@
 """`make bench`: greedy generation with and without the KV cache as the generated length grows.
 
 A 4-layer, D=256 TinyLanguageModel (random weights: speed does not depend on what it learned)
-generates 64, 128, 256, 512 new tokens after a 16-token prompt, batch 1, fp32:
+generates 64, 128, 256, 512 new tokens after a 16-token prompt, batch 1 (``--batch``), fp32:
 
 * tokens/s of ``tinytf.generate(use_cache=True)`` (one prefill + one decode step per token) and of
   ``use_cache=False`` (every step recomputes the whole prefix), timed end to end with
@@ -51,7 +51,7 @@ def with_cpu_time(fn):
 
 
 def decode_step_times(model: tinytf.TinyLanguageModel, prompt: torch.Tensor, steps: int, device: torch.device) -> list[float]:
-    """Seconds of each single-token decode step after a prefill of ``prompt`` [1, T0]; step i attends over T0 + i + 1 keys."""
+    """Seconds of each single-token decode step after a prefill of ``prompt`` [B, T0]; step i attends over T0 + i + 1 keys."""
     cache = tinytf.KVCache.for_model(model, prompt.size(0), max_tokens=prompt.size(1) + steps)
     times = []
     with torch.inference_mode():
@@ -113,7 +113,7 @@ def plot(report: dict, path: Path) -> None:
     ax_c.grid(True, which="both", alpha=0.3)
     ax_c.legend(fontsize=8)
     m = report["model"]
-    fig.suptitle(f"TinyLanguageModel layers={m['layers']}, D={m['dim']}, H={m['heads']}, V={m['vocab']}, B=1, fp32, "
+    fig.suptitle(f"TinyLanguageModel layers={m['layers']}, D={m['dim']}, H={m['heads']}, V={m['vocab']}, B={m['batch']}, fp32, "
                  f"{m['backend']} attention — {report['device_name']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=1, help="sequences generated together (tokens/s counts all of them)")
     parser.add_argument("--backend", default="explicit", choices=["explicit", "sdpa"])
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per length with the cache (median)")
     parser.add_argument("--step-runs", type=int, default=3, help="decode-step sweeps for the per-token curve (median per step)")
@@ -146,8 +147,8 @@ def main(argv: list[str] | None = None) -> dict:
     n_max = max(args.new_tokens)
     model = tinytf.TinyLanguageModel(vocab=args.vocab, dim=args.dim, heads=args.heads, layers=args.layers,
                                      max_tokens=args.prompt + n_max, backend=args.backend).to(device).eval()
-    prompt = torch.randint(0, args.vocab, (1, args.prompt), device=device)
-    cond = dict(B=1, prompt=args.prompt, dtype="fp32", backend=args.backend, layers=args.layers, dim=args.dim,
+    prompt = torch.randint(0, args.vocab, (args.batch, args.prompt), device=device)
+    cond = dict(B=args.batch, prompt=args.prompt, dtype="fp32", backend=args.backend, layers=args.layers, dim=args.dim,
                 heads=args.heads, vocab=args.vocab, decoding="greedy")
 
     # correctness first: the cache must not change a single token
@@ -161,11 +162,11 @@ def main(argv: list[str] | None = None) -> dict:
     for n in bar:
         bar.set_postfix_str(f"{n} new tokens, cached")
         fn, cached_cpu = with_cpu_time(lambda n=n: tinytf.generate(model, prompt, n, temperature=0))
-        cached = benchmark(fn, warmup=1, iters=args.repeats, device=device, tokens=n, memory=False, name=f"cached n={n}",
+        cached = benchmark(fn, warmup=1, iters=args.repeats, device=device, tokens=args.batch * n, memory=False, name=f"cached n={n}",
                            T=args.prompt + n, **cond)
         bar.set_postfix_str(f"{n} new tokens, recompute")
         fn, slow_cpu = with_cpu_time(lambda n=n: tinytf.generate(model, prompt, n, temperature=0, use_cache=False))
-        slow = benchmark(fn, warmup=0, iters=args.recompute_repeats, device=device, tokens=n, memory=False,
+        slow = benchmark(fn, warmup=0, iters=args.recompute_repeats, device=device, tokens=args.batch * n, memory=False,
                          name=f"recompute n={n}", T=args.prompt + n, **cond)
         cached_cpu_s, slow_cpu_s = statistics.median(cached_cpu[1:]), statistics.median(slow_cpu)  # [1:]: drop the warm-up
         rows.append({
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
             "recompute_runs": args.recompute_repeats,
             "speedup": slow.median_ms / cached.median_ms,
             "cached_cpu_s": cached_cpu_s, "recompute_cpu_s": slow_cpu_s, "cpu_time_speedup": slow_cpu_s / cached_cpu_s,
-            "cache_bytes": kv_cache_bytes(1, args.layers, args.heads, args.prompt + n, args.dim // args.heads, torch.float32),
+            "cache_bytes": kv_cache_bytes(args.batch, args.layers, args.heads, args.prompt + n, args.dim // args.heads, torch.float32),
         })
         conditions = cached.conditions
 
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
         for ctx in sorted({args.prompt * 2, 64, 128, 256, args.prompt + n_max} - {0}):
             if ctx > args.prompt + n_max:
                 continue
-            ids = torch.randint(0, args.vocab, (1, ctx), device=device)
+            ids = torch.randint(0, args.vocab, (args.batch, ctx), device=device)
             r = benchmark(lambda ids=ids: model(ids)[:, -1], warmup=1, iters=3, device=device, memory=False, tokens=1)
             recompute_pts.append({"context": ctx, "median_ms": r.median_ms})
     flat = buckets[-1]["median_ms"] / buckets[0]["median_ms"]
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{args.recompute_repeats}x per length because each run is long. speedup = wall-time ratio (the headline); "
         "cpu_time_speedup = ratio of process CPU seconds (steadier on a shared machine, meaningful with 1 thread).",
         "model": {"layers": args.layers, "dim": args.dim, "heads": args.heads, "head_dim": args.dim // args.heads,
-                  "vocab": args.vocab, "max_tokens": args.prompt + n_max, "backend": args.backend,
+                  "vocab": args.vocab, "max_tokens": args.prompt + n_max, "batch": args.batch, "backend": args.backend,
                   "parameters": tinytf.count_parameters(model)},
         "conditions": conditions,
         "generation": rows,
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     m = report["model"]
     print(f"\n{report['benchmark']}\non {device_name}, torch {torch.__version__}; {report['note']}")
     print(f"model: layers={m['layers']}, D={m['dim']}, H={m['heads']}, V={m['vocab']}, {m['parameters']:,} parameters, "
-          f"{args.backend} attention; prompt {args.prompt} tokens, B=1, fp32, greedy")
+          f"{args.backend} attention; prompt {args.prompt} tokens, B={args.batch}, fp32, greedy")
     print(f"{'new':>5} {'cached s':>9} {'tok/s':>8} {'recompute s':>12} {'tok/s':>8} {'speed-up':>9} {'cache':>10}  "
           "CPU-time speed-up")
     for r in rows:
