@@ -95,7 +95,7 @@ def test_per_cell_statuses_say_what_happened(corpus):
     assert n["status"] == "tampered" and "independent check disagrees" in n["message"], n
     assert cells[("n_monkeypatch", "ex01_attention")]["status"] == "tampered"
     assert "exported no result" in cells[("o_no_record", "ex01_hand_qk")]["message"]
-    assert cells[("q_memory_hog", "ex01_hand_qk")]["status"] == "error"
+    assert cells[("q_memory_hog", "ex01_hand_qk")]["status"] in ("failed", "error"), "MemoryError in the cell that defines hand_qk"
     # the visible tests that did not depend on the broken cell still earn their points
     assert cells[("d_raises", "ex01_softmax")]["status"] == "ok"
 
