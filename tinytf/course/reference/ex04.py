@@ -14,7 +14,7 @@ import torch
 
 from ..judges import judge
 
-__all__ = ["reference_block_output", "diagnose"]
+__all__ = ["reference_block_output", "same_curve", "diagnose"]
 
 
 def reference_block_output(x: torch.Tensor, state: dict, dim: int, heads: int, max_tokens: int, expansion: int, norm: str) -> torch.Tensor:
@@ -26,6 +26,12 @@ def reference_block_output(x: torch.Tensor, state: dict, dim: int, heads: int, m
     block.eval()
     with torch.no_grad():
         return block(x.float())
+
+
+def same_curve(a: dict, b: dict, rel_tol: float = 1e-4) -> bool:
+    """Two training curves agree step by step (exactly on a CPU; GPU kernels may differ in the last bits)."""
+    pairs = list(zip(a["loss"] + a["grad_norm"], b["loss"] + b["grad_norm"]))
+    return len(a["loss"]) == len(b["loss"]) and all(math.isclose(x, y, rel_tol=rel_tol, abs_tol=1e-6) for x, y in pairs)
 
 
 def _curve(c: Any, steps: int, what: str) -> dict[str, list[float]]:
@@ -66,9 +72,7 @@ def _judge_train(value: Any, steps: int, seed: int, vocab: int, layers: int, fac
     assert isinstance(value, dict) and {"first", "second"} <= set(value), "the training record is incomplete"
     first = _curve(value["first"], steps, "train_curve(...)")
     second = _curve(value["second"], steps, "train_curve(...) repeated")
-    assert first["loss"] == second["loss"] and first["grad_norm"] == second["grad_norm"], (
-        "train_curve is not reproducible from its seed"
-    )
+    assert same_curve(first, second), "train_curve is not reproducible from its seed"
     assert int(factory_calls) == 2 * int(layers), "train_curve must build its blocks with block_factory"
     assert 0.5 * math.log(vocab) < first["loss"][0] < 2 * math.log(vocab), "train_curve: the first loss is implausible"
     assert all(g > 0 for g in first["grad_norm"]), "train_curve: gradient norms must be positive"
@@ -162,7 +166,7 @@ def _diagnose_train(fn: Any, Finding: Any) -> list[Any]:
         _curve(a, 2, "train_curve(...)")
     except AssertionError as err:
         return [Finding(0, "train_curve returns the wrong structure", f"{err}; return {{'loss': [...], 'grad_norm': [...]}}.")]
-    if a != b:
+    if not same_curve(a, b):
         return [Finding(0, "train_curve is not reproducible",
                         "two runs with the same seed differ: call torch.manual_seed(seed) before building the model and draw "
                         "the batches from torch.Generator().manual_seed(seed).")]
