@@ -26,6 +26,9 @@ SOLUTIONS := $(sort $(wildcard solutions/*.ipynb))
 # pytest-xdist's "-n JOBS" when the interpreter has it (PYTHON=python3 may not); expanded only when used
 XDIST      = $(shell $(PYTHON) -c "import xdist" >/dev/null 2>&1 && echo "-n $(JOBS) --dist loadfile")
 NBVAL      = -p no:cacheprovider --nbval-lax --nbval-current-env $(XDIST)
+# With JOBS>1 parallel workers, one torch thread each: two 2-thread kernels on a 2-core machine
+# oversubscribe the CPU and slow tiny-tensor notebooks many times over.
+THREADS_ENV = $(if $(filter-out 1,$(JOBS)),OMP_NUM_THREADS=1)
 
 .PHONY: help setup lab test lint unit notebooks clean run test-cuda test-ui bench release grade
 
@@ -51,11 +54,11 @@ lint: $(SETUP) ## ruff on the package, tests and notebooks
 	$(PYTHON) -m ruff check .
 
 unit: $(SETUP) ## unit tests (tests/)
-	$(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile -m "not ui" --ignore=tests/ui tests
+	$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile -m "not ui" --ignore=tests/ui tests
 
 notebooks: $(SETUP) ## execute every chapter and solution notebook with nbval (CPU)
 	@if [ -n "$(strip $(NOTEBOOKS) $(SOLUTIONS))" ]; then \
-	  TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) MPLBACKEND=Agg $(PYTHON) -m pytest -q $(NBVAL) $(NOTEBOOKS) $(SOLUTIONS); \
+	  $(THREADS_ENV) TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) MPLBACKEND=Agg $(PYTHON) -m pytest -q $(NBVAL) $(NOTEBOOKS) $(SOLUTIONS); \
 	else echo "no notebooks yet"; fi
 
 test: lint unit notebooks ## everything CI runs: lint + unit tests + every notebook executed
