@@ -23,7 +23,7 @@ from tinytf.course.nbgrader_root import REPO
 from tinytf.course.release import release
 from tinytf.course.sandbox import Limits, run_limited
 
-CELL_TIMEOUT, NOTEBOOK_TIMEOUT = 15, 60
+CELL_TIMEOUT, NOTEBOOK_TIMEOUT = 10, 45
 HAVE = all((REPO / d / f).exists() for d in ("exercises", "solutions") for f in ("ex01_by_hand.ipynb", "ex07_kv_cache.ipynb"))
 
 
@@ -121,7 +121,7 @@ def test_feedback_exists_for_everyone_and_never_shows_hidden_tests(corpus):
 def test_submissions_are_never_modified_and_the_run_is_bounded(corpus):
     after = {p: _sha(p) for p in corpus["subs"].rglob("*") if p.is_file()}
     assert after == corpus["before"]
-    # without the whole-notebook limit the looping notebook alone would cost 12 cells x CELL_TIMEOUT = 180 s
+    # without the whole-notebook limit the looping notebook alone would cost 12 cells x CELL_TIMEOUT = 120 s
     assert corpus["wall"] < 600, f"grading the corpus took {corpus['wall']:.0f} s"
     summary = (corpus["out"] / "summary.txt").read_text()
     assert summary == summary_text(corpus["results"])
