@@ -9,3 +9,17 @@
 """
 
 EXERCISES = ("ex01", "ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08")
+
+
+def call_student(name: str, fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), None)``, or ``(None, Finding)`` saying that the student's ``name`` is
+    not implemented yet or raised; never raises (a student's bug becomes a message)."""
+    from tinytf.checks import Finding
+
+    try:
+        return fn(*args, **kwargs), None
+    except NotImplementedError:
+        return None, Finding(0, f"{name} is not implemented yet",
+                             f"{name} still raises NotImplementedError: replace that line with your code.")
+    except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
+        return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")

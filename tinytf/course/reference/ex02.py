@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..judges import judge
+from . import call_student
 
 __all__ = ["reference_masked_softmax", "reference_renormalise", "diagnose"]
 
@@ -90,17 +91,7 @@ def _judge_attention(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-def _call(name: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-    """``(result, None)`` or ``(None, Finding)`` saying that ``name`` is unfinished or crashed; never raises."""
-    from tinytf.checks import Finding
-
-    try:
-        return fn(*args, **kwargs), None
-    except NotImplementedError:
-        return None, Finding(0, f"{name} is not implemented yet",
-                             f"{name} still raises NotImplementedError: replace that line with your code.")
-    except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
-        return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+_call = call_student  # shared: tinytf.course.reference.call_student
 
 
 def _diagnose_mask(fn: Any, Finding: Any) -> list[Any]:

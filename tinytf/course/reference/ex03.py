@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..judges import judge
+from . import call_student
 
 __all__ = ["reference_parameter_count", "reference_head_weights", "diagnose"]
 
@@ -94,16 +95,7 @@ def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor) -> None:
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-def _call(name: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-    from tinytf.checks import Finding
-
-    try:
-        return fn(*args, **kwargs), None
-    except NotImplementedError:
-        return None, Finding(0, f"{name} is not implemented yet",
-                             f"{name} still raises NotImplementedError: replace that line with your code.")
-    except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
-        return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+_call = call_student  # shared: tinytf.course.reference.call_student
 
 
 def _diagnose_count(fn: Any, Finding: Any) -> list[Any]:

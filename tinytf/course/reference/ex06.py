@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..judges import judge
+from . import call_student
 
 __all__ = ["reference_saved_bytes", "diagnose"]
 
@@ -122,17 +123,7 @@ def _judge_bench(value: Any, ts: list[int], heads: int, head_dim: int) -> None:
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-def _call(name: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-    """``(result, None)`` or ``(None, Finding)`` when ``name`` is unfinished or raises; never raises."""
-    from tinytf.checks import Finding
-
-    try:
-        return fn(*args, **kwargs), None
-    except NotImplementedError:
-        return None, Finding(0, f"{name} is not implemented yet",
-                             f"{name} still raises NotImplementedError: replace that line with your code.")
-    except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
-        return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+_call = call_student  # shared: tinytf.course.reference.call_student
 
 
 def _diagnose_saved(fn: Any) -> list[Any]:

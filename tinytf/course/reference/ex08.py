@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..judges import judge
+from . import call_student
 
 __all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose"]
 
@@ -169,18 +170,7 @@ def _judge_ckpt(value: Any, ids: torch.Tensor, config: dict, state_dict: dict) -
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-def _call(name: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-    """``(result, None)`` or ``(None, Finding)`` when ``name`` is unfinished or raises; never raises."""
-    from tinytf.checks import Finding
-
-    try:
-        return fn(*args, **kwargs), None
-    except NotImplementedError:
-        return None, Finding(
-            0, f"{name} is not implemented yet", f"{name} still raises NotImplementedError: replace that line with your code."
-        )
-    except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
-        return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+_call = call_student  # shared: tinytf.course.reference.call_student
 
 
 def _diagnose_vocab(ns: dict[str, Any]) -> list[Any]:
