@@ -128,7 +128,7 @@ def test_ex05_solution_passes_its_judges_and_wrong_answers_fail(ex05_ns, tmp_pat
     inp = recs["ex05_cross"]["inputs"]
     good = recs["ex05_cross"]["value"]
     _rejects("ex05_cross", {"plain": good["plain"], "masked": good["plain"] + 1e-2}, inp)
-    _rejects("ex05_cross", {"plain": good["plain"][:, :1], "masked": good["masked"]}, inp)
+    _rejects("ex05_cross", {"plain": torch.cat([good["plain"], good["plain"]], dim=1), "masked": good["masked"]}, inp)  # wrong Tq
 
     inp, value = recs["ex05_encdec"]["inputs"], recs["ex05_encdec"]["value"]
     blind = copy.deepcopy(value)
