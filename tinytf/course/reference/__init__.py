@@ -23,3 +23,21 @@ def call_student(name: str, fn, *args, **kwargs):
                              f"{name} still raises NotImplementedError: replace that line with your code.")
     except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
         return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+
+
+def check_parts(namespace: dict, parts) -> list:
+    """Run ``check(obj) -> list[Finding]`` on each student object ``namespace[name]`` of
+    ``parts = [(name, check), ...]``: a missing name or a check that crashes becomes a Finding; never raises."""
+    from tinytf.checks import Finding
+
+    findings: list = []
+    for name, check in parts:
+        obj = namespace.get(name)
+        if not callable(obj):
+            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
+            continue
+        try:
+            findings.extend(check(obj))
+        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
+            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+    return findings

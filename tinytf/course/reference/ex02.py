@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..judges import judge
-from . import call_student
+from . import call_student, check_parts
 
 __all__ = ["reference_masked_softmax", "reference_renormalise", "diagnose"]
 
@@ -176,15 +176,7 @@ def diagnose(namespace: dict[str, Any]) -> list[Any]:
         ("masked_softmax", _diagnose_masked_softmax),
         ("renormalise", _diagnose_renormalise),
     )
-    for name, check in parts:
-        fn = namespace.get(name)
-        if not callable(fn):
-            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
-            continue
-        try:
-            findings.extend(check(fn, Finding))
-        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
-            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+    findings.extend(check_parts(namespace, [(name, lambda fn, c=check: c(fn, Finding)) for name, check in parts]))
 
     fn = namespace.get("padded_attention")
     if not callable(fn):

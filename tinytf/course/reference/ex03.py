@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..judges import judge
-from . import call_student
+from . import call_student, check_parts
 
 __all__ = ["reference_parameter_count", "reference_head_weights", "diagnose"]
 
@@ -202,14 +202,6 @@ def diagnose(namespace: dict[str, Any]) -> list[Any]:
     from tinytf.checks import Finding
 
     findings: list[Any] = []
-    for name, check in (("mha_parameter_count", _diagnose_count), ("time_forward", _diagnose_timing),
-                        ("per_head_weights", _diagnose_maps)):
-        fn = namespace.get(name)
-        if not callable(fn):
-            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
-            continue
-        try:
-            findings.extend(check(fn, Finding))
-        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
-            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+    parts = (("mha_parameter_count", _diagnose_count), ("time_forward", _diagnose_timing), ("per_head_weights", _diagnose_maps))
+    findings.extend(check_parts(namespace, [(name, lambda fn, c=check: c(fn, Finding)) for name, check in parts]))
     return findings

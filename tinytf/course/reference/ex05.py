@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..judges import judge
-from . import call_student
+from . import call_student, check_parts
 
 __all__ = ["reference_cross", "diagnose"]
 
@@ -192,14 +192,6 @@ def diagnose(namespace: dict[str, Any]) -> list[Any]:
                              "attention still raises NotImplementedError: replace that line with your code.")]
         findings.extend(found)
         attention_ok = not found
-    for name, check in (("CrossAttention", lambda obj: _diagnose_cross(obj, attention_ok)),
-                        ("probe_encoder_decoder", lambda obj: _diagnose_probe(obj, namespace))):
-        obj = namespace.get(name)
-        if not callable(obj):
-            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
-            continue
-        try:
-            findings.extend(check(obj))
-        except Exception as err:  # noqa: BLE001
-            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+    findings.extend(check_parts(namespace, [("CrossAttention", lambda obj: _diagnose_cross(obj, attention_ok)),
+                                            ("probe_encoder_decoder", lambda obj: _diagnose_probe(obj, namespace))]))
     return findings

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..judges import judge
-from . import call_student
+from . import call_student, check_parts
 
 __all__ = ["reference_saved_bytes", "diagnose"]
 
@@ -172,16 +172,7 @@ def _diagnose_bench(fn: Any) -> list[Any]:
 
 def diagnose(namespace: dict[str, Any]) -> list[Any]:
     """Findings about the student's ex06 functions in ``namespace`` (empty when all looks right); never raises."""
-    from tinytf.checks import Finding
 
     findings: list[Any] = []
-    for name, check in (("saved_tensor_bytes", _diagnose_saved), ("benchmark_attention", _diagnose_bench)):
-        fn = namespace.get(name)
-        if not callable(fn):
-            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
-            continue
-        try:
-            findings.extend(check(fn))
-        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
-            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+    findings.extend(check_parts(namespace, [("saved_tensor_bytes", _diagnose_saved), ("benchmark_attention", _diagnose_bench)]))
     return findings

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..judges import judge
-from . import call_student
+from . import call_student, check_parts
 
 __all__ = ["reference_two_step", "diagnose"]
 
@@ -208,15 +208,7 @@ def diagnose(namespace: dict[str, Any]) -> list[Any]:
     from tinytf.checks import Finding
 
     findings: list[Any] = []
-    for name, check in (("SimpleKVCache", _diagnose_cache), ("attention_step", _diagnose_step)):
-        obj = namespace.get(name)
-        if not callable(obj):
-            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
-            continue
-        try:
-            findings.extend(check(obj))
-        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
-            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+    findings.extend(check_parts(namespace, [("SimpleKVCache", _diagnose_cache), ("attention_step", _diagnose_step)]))
     cached, recompute = namespace.get("generate_two_step"), namespace.get("generate_two_step_recompute")
     for name, obj in (("generate_two_step", cached), ("generate_two_step_recompute", recompute)):
         if not callable(obj):
