@@ -45,9 +45,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .catalog import CATALOG, PITFALLS, Pitfall
+
 __all__ = [
     "Finding",
     "PITFALLS",
+    "Pitfall",
+    "CATALOG",
     "report",
     "diagnose_attention",
     "diagnose_causal_mask",
@@ -55,23 +59,6 @@ __all__ = [
     "diagnose_lm_loss",
 ]
 
-PITFALLS: dict[int, str] = {
-    0: "general problem (not one of the fourteen)",
-    1: "missing or wrong 1/sqrt(d_head) scaling",
-    2: "q @ kᵀ orientation / shape contract",
-    3: "mask after softmax, ignored or inverted",
-    4: "causal mask off by one / future leak",
-    5: "dim not divisible by heads",
-    6: "view after transpose",
-    7: "BatchNorm instead of LayerNorm",
-    8: "residual changes the shape",
-    9: "train() / eval() / no_grad confusion",
-    10: "hand-written attention in production",
-    11: "KV-cache misconceptions",
-    12: "first-run CPU timing",
-    13: "LM targets not shifted",
-    14: "padding counted in the loss",
-}
 
 
 @dataclass(frozen=True)
@@ -79,12 +66,15 @@ class Finding:
     """One diagnosed problem: ``pitfall`` (chapter-08 number, 0 = general), a short ``title`` and a
     ``message`` that explains the evidence and the fix."""
 
-    pitfall: int
+    pitfall: Pitfall
     title: str
     message: str
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pitfall", Pitfall(self.pitfall))  # a plain int from JSON becomes its name
+
     def __str__(self) -> str:
-        tag = f"pitfall {self.pitfall}" if self.pitfall else "problem"
+        tag = f"pitfall {int(self.pitfall)}" if self.pitfall else "problem"
         return f"[{tag}] {self.title}: {self.message}"
 
 
@@ -96,7 +86,7 @@ def report(findings: Iterable[Finding], *, name: str | None = None) -> str:
         return f"{head}OK - no problems found."
     lines = [f"{head}{len(findings)} problem{'s' if len(findings) > 1 else ''} found:"]
     for f in findings:
-        tag = f"pitfall {f.pitfall} ({PITFALLS.get(f.pitfall, '?')})" if f.pitfall else "problem"
+        tag = f.pitfall.label()
         lines.append(f"  x [{tag}] {f.title}")
         lines.append(f"      {f.message}")
     return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""The pitfall catalog: the one place that names, teaches and fixes each classic mistake.
+
+Chapter 08's "at a glance" table, every ``diagnose_*`` finding, ``tinytf validate`` and the
+exercises' feedback read from here. Refer to a pitfall by name (``Pitfall.SCALE``), never by a
+bare number; the numbers are the article's list (chapter 08's sections), kept for readers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+__all__ = ["Pitfall", "Entry", "CATALOG", "PITFALLS", "glance_table"]
+
+
+class Pitfall(IntEnum):
+    """A classic mistake; ``int(p)`` is its number in chapter 08 (0 = not one of the fourteen)."""
+
+    GENERAL = 0
+    SCALE = 1
+    ORIENTATION = 2
+    MASK = 3
+    CAUSAL_OFF_BY_ONE = 4
+    HEADS_DIVIDE = 5
+    VIEW_AFTER_TRANSPOSE = 6
+    BATCH_NORM = 7
+    RESIDUAL_SHAPE = 8
+    TRAIN_EVAL = 9
+    EXPLICIT_IN_PRODUCTION = 10
+    KV_CACHE = 11
+    COLD_TIMING = 12
+    UNSHIFTED_TARGETS = 13
+    PADDING_IN_LOSS = 14
+
+    @property
+    def entry(self) -> Entry:
+        return CATALOG[self]
+
+    @property
+    def title(self) -> str:
+        return CATALOG[self].title
+
+    @property
+    def fix(self) -> str:
+        return CATALOG[self].fix
+
+    def label(self, lang: str = "en") -> str:
+        """``"pitfall 1 (missing or wrong 1/sqrt(d_head) scaling)"``; ``"problem"`` for GENERAL."""
+        e = CATALOG[self]
+        if self is Pitfall.GENERAL:
+            return "问题" if lang == "zh" else "problem"
+        if lang == "zh":
+            return f"陷阱 {int(self)}（{e.title_zh}）"
+        return f"pitfall {int(self)} ({e.title})"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the catalog: names, where it is taught, its symptom, detector and one-line fix."""
+
+    title: str
+    short: str  # the table's "pitfall" column (markdown)
+    section: str  # the chapter section that teaches it
+    symptom: str
+    detector: str
+    fix: str
+    title_zh: str
+    symptom_zh: str
+    fix_zh: str
+
+
+_S = "08_pitfalls.ipynb § Pitfall "
+CATALOG: dict[Pitfall, Entry] = {
+    Pitfall.GENERAL: Entry(
+        "general problem (not one of the fourteen)", "general problem", "09_exercises.ipynb",
+        "the code raised, returned the wrong type or changed its inputs", "every diagnose_*",
+        "read the message: it names the input and what differs",
+        "一般问题（不属于十四个陷阱）", "代码抛出异常、返回类型不对或修改了输入", "阅读提示：它会指出哪个输入、哪里不同"),
+    Pitfall.SCALE: Entry(
+        "missing or wrong 1/sqrt(d_head) scaling", "no `1/sqrt(d_head)` (or `1/sqrt(D)`)", _S + "1",
+        "softmax sharpens as heads widen", "`diagnose_attention`", "divide by `sqrt(q.size(-1))`",
+        "缺少或用错 1/sqrt(d_head) 缩放", "头越宽，softmax 越尖锐", "除以 `sqrt(q.size(-1))`"),
+    Pitfall.ORIENTATION: Entry(
+        "q @ kᵀ orientation / shape contract", "`k @ qᵀ` / wrong axis", _S + "2",
+        "crash when `Tq ≠ Tk`, wrong numbers when square", "`diagnose_attention`",
+        "`q @ k.transpose(-2, -1)`, softmax over keys",
+        "q @ kᵀ 的方向或形状约定错误", "`Tq ≠ Tk` 时报错，方阵时数值悄悄出错", "`q @ k.transpose(-2, -1)`，在键的维度上做 softmax"),
+    Pitfall.MASK: Entry(
+        "mask after softmax, ignored or inverted", "mask after softmax / ignored / inverted", _S + "3",
+        "rows sum to < 1, padding gets weight", "`diagnose_attention`",
+        "`masked_fill(~mask, -inf)` before softmax, True = may attend",
+        "掩码在 softmax 之后、被忽略或方向相反", "行和小于 1，填充位置分到权重",
+        "在 softmax 之前 `masked_fill(~mask, -inf)`，True 表示可以关注"),
+    Pitfall.CAUSAL_OFF_BY_ONE: Entry(
+        "causal mask off by one / future leak", "causal mask off by one", _S + "4",
+        "NaN row 0, or a peek at the next token", "`diagnose_causal_mask`, `diagnose_block`", "`ones(T, T).tril()`",
+        "因果掩码差一位或泄漏未来", "第 0 行出现 NaN，或偷看下一个 token", "`ones(T, T).tril()`"),
+    Pitfall.HEADS_DIVIDE: Entry(
+        "dim not divisible by heads", "`dim % heads != 0`", _S + "5",
+        "split fails", "none: tinytf raises `ValueError`", "pick heads dividing `dim`",
+        "dim 不能被 heads 整除", "拆分多头时失败", "选择能整除 `dim` 的头数"),
+    Pitfall.VIEW_AFTER_TRANSPOSE: Entry(
+        "view after transpose", "`view` after `transpose`", _S + "6",
+        "`RuntimeError`, or silent head/position mix", "none (the silent form shows up as a leak in `diagnose_block`)",
+        "transpose back, then `reshape`",
+        "transpose 之后直接 view", "`RuntimeError`，或悄悄混淆头与位置", "先转置回来，再 `reshape`"),
+    Pitfall.BATCH_NORM: Entry(
+        "BatchNorm instead of LayerNorm", "BatchNorm for LayerNorm", _S + "7",
+        "output depends on other sequences; train ≠ eval", "`diagnose_block`", "`nn.LayerNorm(D)`",
+        "用 BatchNorm 代替了 LayerNorm", "输出依赖批内其他序列；train 与 eval 不一致", "`nn.LayerNorm(D)`"),
+    Pitfall.RESIDUAL_SHAPE: Entry(
+        "residual changes the shape", "residual changes shape", _S + "8",
+        "shape error at `x + branch(x)`", "`diagnose_block`", "FFN projects back to `D`",
+        "残差分支改变了形状", "`x + branch(x)` 处形状报错", "前馈网络投影回 `D`"),
+    Pitfall.TRAIN_EVAL: Entry(
+        "train() / eval() / no_grad confusion", "train/eval/no_grad", _S + "9",
+        "eval output random; no_grad keeps dropout", "`diagnose_block`", "`nn.Dropout`, `model.eval()`",
+        "混淆 train() / eval() / no_grad", "eval 下输出随机；no_grad 下仍有 dropout", "`nn.Dropout`，`model.eval()`"),
+    Pitfall.EXPLICIT_IN_PRODUCTION: Entry(
+        "hand-written attention in production", "explicit attention in production", _S + "10",
+        "`T²` memory saved for backward", "none: measure", "fused `F.scaled_dot_product_attention`",
+        "生产环境中使用手写注意力", "反向传播保存 `T²` 大小的显存", "使用融合的 `F.scaled_dot_product_attention`"),
+    Pitfall.KV_CACHE: Entry(
+        "KV-cache misconceptions", "KV-cache misconceptions", _S + "11",
+        "cache memory grows with `B · T`; steps still read all of it", "none: measure", "budget it, measure the speed-up",
+        "对 KV 缓存的误解", "缓存显存随 `B · T` 增长；每步解码仍要读完整个缓存", "为缓存做预算，实测加速比"),
+    Pitfall.COLD_TIMING: Entry(
+        "first-run CPU timing", "first-run timing", _S + "12",
+        "first call ≫ warm calls", "none: measure", "warm up, synchronise, median, conditions",
+        "把首次运行的耗时当作性能", "首次调用远慢于预热后的调用", "预热、同步、取中位数、写明条件"),
+    Pitfall.UNSHIFTED_TARGETS: Entry(
+        "LM targets not shifted", "targets not shifted", _S + "13",
+        "loss near zero, model only copies", "`diagnose_lm_loss`", "`logits[:, :-1]` vs `ids[:, 1:]`",
+        "语言模型的目标没有移位", "损失接近零，模型只会复制输入", "`logits[:, :-1]` 对应 `ids[:, 1:]`"),
+    Pitfall.PADDING_IN_LOSS: Entry(
+        "padding counted in the loss", "padding in the loss", _S + "14",
+        "loss changes when padding is added", "`diagnose_lm_loss`", "`ignore_index=pad_id`, divide by real tokens",
+        "损失中计入了填充", "添加填充后损失发生变化", "`ignore_index=pad_id`，只除以真实 token 数"),
+}
+
+# number -> title, for code that still holds a plain int (e.g. findings read back from JSON)
+PITFALLS: dict[int, str] = {int(p): e.title for p, e in CATALOG.items()}
+
+
+def glance_table(lang: str = "en") -> str:
+    """Chapter 08's "the fourteen at a glance" table as markdown, in English or Chinese (``"zh"``)."""
+    if lang == "zh":
+        head = "| # | 陷阱 | 症状 | 检测 | 修复 |\n|---|---|---|---|---|"
+        rows = [f"| {int(p)} | {e.title_zh} | {e.symptom_zh} | {e.detector} | {e.fix_zh} |" for p, e in CATALOG.items() if p]
+    else:
+        head = "| # | pitfall | symptom | detector | fix |\n|---|---|---|---|---|"
+        rows = [f"| {int(p)} | {e.short} | {e.symptom} | {e.detector} | {e.fix} |" for p, e in CATALOG.items() if p]
+    return "\n".join([head, *rows])
