@@ -21,8 +21,9 @@ else
 SETUP :=
 endif
 
-NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
-SOLUTIONS := $(sort $(wildcard solutions/*.ipynb))
+# both editions: notebooks/zh/ and solutions/zh/ hold the Chinese twins
+NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/zh/*.ipynb))
+SOLUTIONS := $(sort $(wildcard solutions/*.ipynb solutions/zh/*.ipynb))
 # pytest-xdist's "-n JOBS" when the interpreter has it (PYTHON=python3 may not); expanded only when used
 XDIST      = $(shell $(PYTHON) -c "import xdist" >/dev/null 2>&1 && echo "-n $(JOBS) --dist loadfile")
 NBVAL      = -p no:cacheprovider --nbval-lax --nbval-current-env $(XDIST)
@@ -66,16 +67,16 @@ test: lint unit notebooks ## everything CI runs: lint + unit tests + every noteb
 run: $(SETUP) ## papermill every notebook into build/executed/ (DEVICE=cpu|cuda), then HTML into build/html/
 	@mkdir -p build/executed build/html
 	@set -e; for nb in $(NOTEBOOKS) $(SOLUTIONS); do \
-	  case $$nb in solutions/*) out=build/executed/solutions/$$(basename $$nb);; *) out=build/executed/$$(basename $$nb);; esac; \
+	  out=build/executed/$${nb#notebooks/}; \
 	  mkdir -p $$(dirname $$out); start=$$(date +%s); \
 	  TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) $(PYTHON) -m papermill --no-progress-bar --log-level WARNING \
 	    --cwd $$(dirname $$nb) -p device $(DEVICE) $$nb $$out; \
 	  echo "ran $$nb on $(DEVICE) in $$(( $$(date +%s) - start )) s -> $$out"; \
 	done
-	@if ls build/executed/*.ipynb >/dev/null 2>&1; then \
-	  $(PYTHON) -m nbconvert --to html --log-level WARN --output-dir build/html build/executed/*.ipynb; fi
-	@if ls build/executed/solutions/*.ipynb >/dev/null 2>&1; then \
-	  $(PYTHON) -m nbconvert --to html --log-level WARN --output-dir build/html/solutions build/executed/solutions/*.ipynb; fi
+	@for d in . zh solutions solutions/zh; do \
+	  if ls build/executed/$$d/*.ipynb >/dev/null 2>&1; then \
+	    $(PYTHON) -m nbconvert --to html --log-level WARN --output-dir build/html/$$d build/executed/$$d/*.ipynb; fi; \
+	done
 	@echo "executed notebooks: build/executed/   HTML: build/html/"
 
 # make test-cuda refuses to start (exit 1, one clear line) unless torch sees a CUDA GPU.
