@@ -163,7 +163,8 @@ def _unnamed_core(fn: Callable, ok: list[Ran], rest: list[int], gen: torch.Gener
     where = _only_for([_where(ok[i][0]) for i in rest], len(rest), len(ok))
     return findings + [Finding(Pitfall.GENERAL, "output differs from softmax(q kᵀ / sqrt(d)) v",
                                f"largest difference {worst:.3g} over {len(rest)} random probes, and it is none of the known "
-                               f"mistakes.{' ' + where if where else ''} Compare your intermediates with tinytf.scaled_dot_product_attention step by step.")]
+                               f"mistakes.{' ' + where if where else ''} Compare your intermediates with "
+                               "tinytf.scaled_dot_product_attention step by step.")]
 
 
 Masked = tuple[int, torch.Tensor]  # (index of the unmasked probe, bool mask)
