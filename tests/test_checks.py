@@ -12,8 +12,10 @@ from torch import nn
 
 import tinytf
 from tinytf.checks import (
+    CATALOG,
     PITFALLS,
     Finding,
+    Pitfall,
     diagnose_attention,
     diagnose_block,
     diagnose_causal_mask,
@@ -426,5 +428,167 @@ def test_lm_loss_names_the_bug(name):
 
 
 def test_exported_from_tinytf():
-    for name in ("Finding", "report", "diagnose_attention", "diagnose_causal_mask", "diagnose_block", "diagnose_lm_loss"):
+    for name in ("Finding", "report", "diagnose_attention", "diagnose_causal_mask", "diagnose_block", "diagnose_lm_loss",
+                 "Pitfall", "PITFALLS", "CATALOG"):
         assert name in tinytf.__all__ and getattr(tinytf, name) is getattr(tinytf.checks, name)
+
+
+def test_findings_carry_a_pitfall_and_the_catalog_fix():
+    findings = diagnose_attention(make_attention(scale=lambda q: 1.0))
+    assert findings[0].pitfall is Pitfall.SCALE and isinstance(findings[0].pitfall, Pitfall)
+    assert CATALOG[Pitfall.SCALE].fix.replace("`", "") in findings[0].message
+    assert "| 1 |" in tinytf.checks.glance_table() and "| 14 |" in tinytf.checks.glance_table()
+
+
+# ---------------------------------------------------------------------------------------------------
+# mistakes that show on some inputs only: named from the probes that show them
+# ---------------------------------------------------------------------------------------------------
+RIGHT = make_attention()
+
+
+def only_if(cond, wrong, right=RIGHT):
+    """An attention that is ``wrong`` when ``cond(q, k, mask)`` holds and right otherwise."""
+    return lambda q, k, v, mask=None: (wrong if cond(q, k, mask) else right)(q, k, v, mask)
+
+
+def square(q, k, mask):
+    return q.size(-2) == k.size(-2)
+
+
+PARTLY_WRONG_ATTENTION = {
+    # name: (fn, pitfall, words in a title)
+    "no_scale_when_square": (only_if(square, make_attention(scale=lambda q: 1.0)), Pitfall.SCALE, "missing scaling"),
+    "no_scale_unless_d_head_8": (only_if(lambda q, k, m: q.size(-1) != 8, make_attention(scale=lambda q: 1.0)), Pitfall.SCALE,
+                                 "missing scaling"),
+    "total_dim_only_for_wide_heads": (only_if(lambda q, k, m: q.size(-1) >= 16,
+                                              make_attention(scale=lambda q: 1 / math.sqrt(q.size(1) * q.size(-1)))),
+                                      Pitfall.SCALE, "total dim"),
+    "no_scale_only_with_a_mask": (only_if(lambda q, k, m: m is not None, make_attention(scale=lambda q: 1.0)), Pitfall.SCALE,
+                                  "missing scaling"),
+    "k_q_when_square": (only_if(square, make_attention(orient="kq")), Pitfall.ORIENTATION, "transposed scores"),
+    "query_axis_for_batches": (only_if(lambda q, k, m: q.size(0) > 1, make_attention(axis=-2)), Pitfall.ORIENTATION,
+                               "query axis"),
+    "query_axis_for_long_keys": (only_if(lambda q, k, m: k.size(-2) > 8, make_attention(axis=-2)), Pitfall.ORIENTATION,
+                                 "query axis"),
+    "mask_after_softmax_for_key_padding": (only_if(lambda q, k, m: m is not None and m.size(-2) == 1,
+                                                   make_attention(mask_mode="after")), Pitfall.MASK, "after the softmax"),
+    "mask_ignored_when_2d": (only_if(lambda q, k, m: m is not None and m.dim() == 2, make_attention(mask_mode="ignored")),
+                             Pitfall.MASK, "mask ignored"),
+    "mask_inverted_when_square": (only_if(square, make_attention(invert=True)), Pitfall.MASK, "inverted"),
+}
+
+
+@pytest.mark.parametrize("name", list(PARTLY_WRONG_ATTENTION))
+def test_attention_names_a_mistake_on_some_inputs_only(name):
+    fn, pitfall, words = PARTLY_WRONG_ATTENTION[name]
+    findings = diagnose_attention(fn)
+    assert [f.pitfall for f in findings] == [pitfall], report(findings)
+    assert words in findings[0].title and "right on the others" in findings[0].message, report(findings)
+
+
+def test_attention_partly_wrong_message_names_the_inputs():
+    findings = diagnose_attention(PARTLY_WRONG_ATTENTION["k_q_when_square"][0])
+    assert "for q [3, 2, 6, 4] and k [3, 2, 6, 4]" in findings[0].message, report(findings)
+    assert "[2, 3, 5, 8]" not in findings[0].message, report(findings)
+
+
+def test_attention_two_mistakes_on_different_inputs_are_both_named():
+    fn = only_if(square, make_attention(orient="kq"), make_attention(scale=lambda q: 1.0))
+    findings = diagnose_attention(fn)
+    assert {Pitfall.SCALE, Pitfall.ORIENTATION} <= pitfalls(findings), report(findings)
+
+
+PARTLY_WRONG_MASKS = {
+    "future_leaks_for_long_sequences": (lambda t: ones(t).tril(1 if t > 4 else 0), "future leaks", "for T=7"),
+    "diagonal_blocked_beyond_one": (lambda t: ones(t).tril(-1 if t > 1 else 0), "diagonal is blocked", "for T=2"),
+    "inverted_from_four": (lambda t: ones(t).triu(1) if t >= 4 else ones(t).tril(), "inverted", "for T=4"),
+    "transposed_for_long": (lambda t: ones(t).triu() if t > 4 else ones(t).tril(), "transposed", "for T=7"),
+}
+
+
+@pytest.mark.parametrize("name", list(PARTLY_WRONG_MASKS))
+def test_causal_mask_names_a_mistake_on_some_sizes_only(name):
+    fn, words, where = PARTLY_WRONG_MASKS[name]
+    findings = diagnose_causal_mask(fn)
+    assert [f.pitfall for f in findings] == [Pitfall.CAUSAL_OFF_BY_ONE], report(findings)
+    assert words in findings[0].title and where in findings[0].message, report(findings)
+
+
+def short(x):
+    return x.size(1) <= 3
+
+
+class LeakForShortInputs(HandBlock):
+    def allowed(self, t):
+        return torch.ones(t, t, dtype=torch.bool) if t <= 3 else torch.ones(t, t, dtype=torch.bool).tril()
+
+
+class BatchStatsInTrainOnly(HandBlock):
+    def norm1(self, x):
+        if not self.training:
+            return self.ln1(x)
+        return (x - x.mean(dim=(0, 1))) / (x.std(dim=(0, 1)) + 1e-5)  # over the batch, in train only
+
+
+class WideResidualForSingleSequences(HandBlock):
+    def forward(self, x):
+        return x.repeat(1, 1, 4) + self.up(x) if x.size(0) == 1 else super().forward(x)
+
+
+class DropoutInEvalForShortInputs(HandBlock):
+    def dropout(self, x):
+        return F.dropout(x, 0.1) if short(x) else self.drop(x)
+
+
+class DropoutTiedToGradForShortInputs(HandBlock):
+    def dropout(self, x):
+        return F.dropout(x, 0.1) if short(x) and torch.is_grad_enabled() else self.drop(x)
+
+
+PARTLY_WRONG_BLOCKS = {
+    "leak_for_short_inputs": (LeakForShortInputs, Pitfall.CAUSAL_OFF_BY_ONE, "future tokens leak", "x [1, 3, 16]"),
+    "batch_stats_in_train_only": (BatchStatsInTrainOnly, Pitfall.BATCH_NORM, "across the batch", "in train()"),
+    "wide_residual_for_one_sequence": (WideResidualForSingleSequences, Pitfall.RESIDUAL_SHAPE, "shape", "x [1, 3, 16]"),
+    "dropout_in_eval_for_short_inputs": (DropoutInEvalForShortInputs, Pitfall.TRAIN_EVAL, "stays on in eval", "x [1, 3, 16]"),
+    "dropout_tied_to_grad_for_short": (DropoutTiedToGradForShortInputs, Pitfall.TRAIN_EVAL, "autograd", "x [1, 3, 16]"),
+}
+
+
+@pytest.mark.parametrize("name", list(PARTLY_WRONG_BLOCKS))
+def test_block_names_a_mistake_on_some_inputs_only(name):
+    factory, pitfall, words, where = PARTLY_WRONG_BLOCKS[name]
+    findings = diagnose_block(factory)
+    assert [f.pitfall for f in findings] == [pitfall], report(findings)
+    assert words in findings[0].title and where in findings[0].message, report(findings)
+
+
+def only_loss_if(cond, wrong, right=correct_manual):
+    return lambda logits, ids, pad_id=None: (wrong if cond(logits, ids, pad_id) else right)(logits, ids, pad_id=pad_id)
+
+
+def right_padding_only(logits, ids, pad_id=None):
+    """Takes the first n - 1 targets of each row (n real tokens): right for right padding only."""
+    per_token = flat_ce(logits[:, :-1], ids[:, 1:], reduction="none").view(ids.size(0), -1)
+    n = (ids != pad_id).sum(1, keepdim=True)
+    keep = torch.arange(ids.size(1) - 1) < n - 1
+    return (per_token * keep).sum() / keep.sum()
+
+
+PARTLY_WRONG_LOSSES = {
+    "unshifted_without_padding": (only_loss_if(lambda lg, ids, pad: not (ids == pad).any(), unshifted), Pitfall.UNSHIFTED_TARGETS,
+                                  "not shifted", "without padding"),
+    "backwards_for_long_batches": (only_loss_if(lambda lg, ids, pad: ids.size(1) > 6, shifted_backwards), Pitfall.UNSHIFTED_TARGETS,
+                                   "wrong way", "T=9"),
+    "right_padding_only": (right_padding_only, Pitfall.PADDING_IN_LOSS, "counted in the loss", "left-padded"),
+    "pad_in_denominator_unless_pad_0": (only_loss_if(lambda lg, ids, pad: pad != 0, pad_in_denominator_only), Pitfall.PADDING_IN_LOSS,
+                                        "denominator", "pad_id=10"),
+}
+
+
+@pytest.mark.parametrize("name", list(PARTLY_WRONG_LOSSES))
+def test_lm_loss_names_a_mistake_on_some_batches_only(name):
+    fn, pitfall, words, where = PARTLY_WRONG_LOSSES[name]
+    findings = diagnose_lm_loss(fn)
+    assert [f.pitfall for f in findings] == [pitfall], report(findings)
+    assert words in findings[0].title and where in findings[0].message and "right on the others" in findings[0].message, \
+        report(findings)

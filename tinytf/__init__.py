@@ -9,7 +9,7 @@ from __future__ import annotations
 from .attention import scaled_dot_product_attention
 from .bench import BenchResult, benchmark
 from .block import TransformerBlock
-from .checks import Finding, diagnose_attention, diagnose_block, diagnose_causal_mask, diagnose_lm_loss, report
+from .checks import CATALOG, PITFALLS, Finding, Pitfall, diagnose_attention, diagnose_block, diagnose_causal_mask, diagnose_lm_loss, report
 from .device import describe_device, pick_device, synchronize
 from .heads import CausalSelfAttention, MultiHeadAttention
 from .kvcache import KVCache, generate
@@ -43,6 +43,9 @@ __all__ = [
     "BenchResult",
     "benchmark",
     "Finding",
+    "Pitfall",
+    "PITFALLS",
+    "CATALOG",
     "report",
     "diagnose_attention",
     "diagnose_causal_mask",
