@@ -154,26 +154,21 @@ def test_explorer_live_wires_controls_to_the_figure(monkeypatch):
     import ipywidgets as widgets
 
     monkeypatch.setenv("TINYTF_HEADLESS", "0")
-    calls: list[dict] = []
-    real = att.attention_figure
-
-    def spy(**kw):
-        calls.append(kw)
-        return real(**kw)
-
-    monkeypatch.setattr(att, "attention_figure", spy)
     ui = tinytf.viz.attention_explorer("a b c", heads=8, head=5)
     assert isinstance(ui, widgets.VBox)
     controls = {w.description: w for w in ui.children[0].children}
     assert {"sentence", "tokens", "mask", "scaling", "temperature", "heads", "head"} <= set(controls)
-    assert calls[-1]["heads"] == 8 and calls[-1]["head"] == 5
-    controls["mask"].value = "both"
-    assert calls[-1]["mask"] == "both"
+    fig = ui.live.fig
+    assert fig.axes[0].get_title().startswith("head 5 of 8")
+    controls["mask"].value = "both"  # padding: two more tokens, so a new figure
+    _, _, allowed, _ = att.explorer_weights("a b c", mask="both", heads=8)
+    assert np.array_equal(np.ma.getmaskarray(heatmap(ui.live.fig)[1].get_array()), ~allowed.numpy())
     controls["heads"].value = 2  # head must follow: its slider shrinks to [0, 1]
-    assert controls["head"].max == 1 and calls[-1]["heads"] == 2 and calls[-1]["head"] <= 1
-    n = len(calls)
+    assert controls["head"].max == 1 and ui.live.fig.axes[0].get_title().startswith("head 1 of 2")
+    n = ui.live.rebuilt
     controls["sentence"].value = ""  # an invalid choice shows a message instead of raising
-    assert len(calls) == n + 1
+    assert ui.live.rebuilt == n + 1 and "empty" in ui.live.fig.axes[0].texts[0].get_text()
+    plt.close("all")
 
 
 def test_explorer_rejects_impossible_head_counts():

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from tinytf.memory import GiB, kv_cache_bytes
 from tinytf.viz import cache as vc
+from tinytf.viz._front import figure_or_message
 
 
 def _line(fig, label):
@@ -75,6 +76,6 @@ def test_bad_arguments_raise_and_the_explorer_falls_back_headless(monkeypatch):
     assert isinstance(fig, Figure)
     assert _line(fig, "KV cache, B=2").get_data()[0][-1] == 4096
     plt.close(fig)
-    msg = vc._figure_or_message(layers=0)  # the live UI shows the error instead of raising
+    msg = figure_or_message(vc.cache_figure, layers=0)  # the live UI shows the error instead of raising
     assert "layers must be positive" in msg.axes[0].texts[0].get_text()
     plt.close(msg)

@@ -12,9 +12,9 @@ nothing about GPU performance.
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .device import describe_device, synchronize
 from .memory import PeakMemoryMeter, format_bytes
@@ -115,6 +114,8 @@ def benchmark(
         :class:`BenchResult`; its ``conditions`` also hold the device, its name, warmup, iters,
         the timer, the torch version and the platform.
     """
+    import statistics  # here, not at module level: it pulls in decimal and fractions
+
     if warmup < 0 or iters < 1:
         raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
     dev = torch.device(device)
@@ -176,21 +177,29 @@ def benchmark(
     )
 
 
-class _OpNames(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
+@functools.cache
+def _op_names() -> type:
+    """A ``TorchDispatchMode`` recording the aten op names it sees, defined on first use (its base
+    class is private torch API that ``import tinytf`` should not pull in)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        self.names.append(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
+    class _OpNames(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    return _OpNames
 
 
 def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **sdpa_kwargs: Any) -> str:
     """Which kernel ``F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)`` runs for these inputs:
     ``"flash (fused CPU kernel)"``, ``"flash"``, ``"mem-efficient"``, ``"cudnn"`` or ``"math"``
     (the unfused composite). Found by recording the aten ops of one call."""
-    with torch.no_grad(), _OpNames() as rec:
+    with torch.no_grad(), _op_names()() as rec:
         F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
     for op in rec.names:
         if op in _SDPA_KERNELS:

@@ -2,17 +2,28 @@
 
 Every widget in the workbook is a *pure* figure function ``fn(**values) -> matplotlib Figure``
 (testable without a browser) plus controls. :func:`interactive_figure` wires them together.
+
+A figure function may come with an *updater* ``update(fig, **values) -> bool`` that redraws an
+existing figure in place (``set_data``, ``set_text``, ...) and returns False when the new values
+need a different structure (say, another token count), in which case the figure is rebuilt. The
+live widget keeps one figure, updates it on every control change and sends it to the browser as
+one PNG (a single Agg draw, no ``bbox_inches="tight"`` second pass), so a slider stays responsive.
 """
 
 from __future__ import annotations
 
+import io
 import os
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["is_headless", "interactive_figure", "HEADLESS_ENV"]
+__all__ = ["is_headless", "interactive_figure", "HEADLESS_ENV", "figure_or_message", "message_figure", "render_png",
+           "choices", "remember", "recall", "LiveFigure"]
 
 HEADLESS_ENV = "TINYTF_HEADLESS"
+
+_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Figure -> its updatable artists
 
 
 def is_headless() -> bool:
@@ -31,6 +42,53 @@ def is_headless() -> bool:
     return ip is None or not hasattr(ip, "kernel")
 
 
+def choices(default: Any, options: Sequence[Any]) -> list[Any]:
+    """Dropdown options: ``options`` plus ``default`` (so any starting value is selectable), sorted."""
+    return sorted(set(options) | {default})
+
+
+def remember(fig: Any, parts: Any) -> Any:
+    """Attach ``parts`` (the artists an updater changes, and the structure they were built for) to ``fig``."""
+    _PARTS[fig] = parts
+    return fig
+
+
+def recall(fig: Any) -> Any:
+    """The parts :func:`remember` attached to ``fig`` (None for a figure built elsewhere)."""
+    return _PARTS.get(fig)
+
+
+def message_figure(err: Exception) -> Any:
+    """A small figure stating why nothing could be drawn (the live UI shows it instead of raising)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 1.2))
+    ax.axis("off")
+    ax.text(0.0, 0.5, f"cannot draw: {err}", wrap=True, va="center", fontsize=9, color="#b00020")
+    return fig
+
+
+def figure_or_message(figure_fn: Callable[..., Any], **options: Any) -> Any:
+    """``figure_fn(**options)``, or a :func:`message_figure` for a ``ValueError`` (say, an empty sentence)."""
+    try:
+        return figure_fn(**options)
+    except ValueError as err:
+        return message_figure(err)
+
+
+def render_png(fig: Any) -> bytes:
+    """``fig`` as PNG bytes at its own dpi: one Agg draw and a fast (level-1) PNG encoding."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    w, h = canvas.get_width_height(physical=True)
+    buf = io.BytesIO()
+    Image.frombuffer("RGBA", (w, h), canvas.buffer_rgba(), "raw", "RGBA", 0, 1).save(buf, format="png", compress_level=1)
+    return buf.getvalue()
+
+
 def _show(fig: Any) -> None:
     from IPython.display import display
 
@@ -40,17 +98,50 @@ def _show(fig: Any) -> None:
     plt.close(fig)
 
 
+class LiveFigure:
+    """One figure kept across control changes: updated in place when ``update_fn`` can, rebuilt otherwise.
+
+    ``redraw(**values)`` returns the current figure; ``rebuilt`` counts the figures built so far.
+    """
+
+    def __init__(self, figure_fn: Callable[..., Any], update_fn: Callable[..., bool] | None = None) -> None:
+        self.figure_fn, self.update_fn = figure_fn, update_fn
+        self.fig: Any = None
+        self.rebuilt = 0
+        self._message = False
+
+    def redraw(self, **values: Any) -> Any:
+        """Bring the figure up to date with ``values`` (a message figure for a ``ValueError``)."""
+        import matplotlib.pyplot as plt
+
+        try:
+            if self.fig is not None and not self._message and self.update_fn is not None and self.update_fn(self.fig, **values):
+                return self.fig
+            fig, self._message = self.figure_fn(**values), False
+        except ValueError as err:
+            fig, self._message = message_figure(err), True
+        plt.close(fig)  # kept out of pyplot: the inline backend must not show it again at the end of the cell
+        if self.fig is not None:
+            plt.close(self.fig)
+        self.fig = fig
+        self.rebuilt += 1
+        return fig
+
+
 def interactive_figure(
     figure_fn: Callable[..., Any],
     controls: Mapping[str, Any],
     *,
     fixed: Mapping[str, Any] | None = None,
     layout: Callable[[list[Any]], Any] | None = None,
+    update_fn: Callable[..., bool] | None = None,
 ) -> Any:
     """Show ``figure_fn(**control values, **fixed)`` with live controls, or statically when headless.
 
-    ``controls`` maps keyword names to ipywidgets value widgets. Returns the ipywidgets container
-    (live) or the rendered Figure (headless), so callers and tests can inspect it.
+    ``controls`` maps keyword names to ipywidgets value widgets; ``update_fn(fig, **values)``, when
+    given, redraws the current figure in place (see the module docstring). Returns the ipywidgets
+    container (live; ``.live`` is its :class:`LiveFigure`, ``.controls`` the controls) or the rendered Figure (headless), so
+    callers and tests can inspect it.
     """
     fixed = dict(fixed or {})
 
@@ -58,26 +149,28 @@ def interactive_figure(
         return {name: w.value for name, w in controls.items()} | fixed
 
     if is_headless():
-        fig = figure_fn(**values())
+        fig = figure_or_message(figure_fn, **values())
         _show(fig)
         return fig
 
     import ipywidgets as widgets
+    from IPython.display import Image, display
 
     out = widgets.Output()
+    live = LiveFigure(figure_fn, update_fn)
 
     def redraw(_change: Any = None) -> None:
+        png = render_png(live.redraw(**values()))
         with out:
             out.clear_output(wait=True)
-            _show(figure_fn(**values()))
+            display(Image(data=png, format="png"))
 
     for w in controls.values():
         w.observe(redraw, names="value")
     boxes = list(controls.values())
     panel = layout(boxes) if layout else widgets.HBox(boxes, layout=widgets.Layout(flex_flow="row wrap"))
     ui = widgets.VBox([panel, out])
+    ui.live, ui.controls = live, dict(controls)
     redraw()
-    from IPython.display import display
-
     display(ui)
     return ui

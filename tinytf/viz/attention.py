@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,10 +27,11 @@ import torch
 from ..attention import scaled_dot_product_attention
 from ..heads import MultiHeadAttention
 from ..masks import causal_mask
-from ._front import interactive_figure
+from ._front import interactive_figure, recall, remember
 
 __all__ = [
     "attention_figure",
+    "update_attention_figure",
     "attention_explorer",
     "explorer_weights",
     "tokenize",
@@ -138,6 +140,73 @@ def explorer_weights(
     return tokens, weights[0], allowed, scale  # [H, T, T]
 
 
+@dataclass
+class _Heatmap:
+    """The artists :func:`update_attention_figure` changes, and the structure they were built for."""
+
+    key: tuple  # (tokens, annotate): another value needs another figure
+    image: Any
+    title: Any
+    cells: list  # [T*T] text artists (annotate) or []
+    hatches: list = field(default_factory=list)
+
+
+def _heatmap_data(head: int, heads: int, annotate: bool | None, options: dict[str, Any]) -> dict[str, Any]:
+    """Everything the heatmap shows, computed (and validated) before any artist is touched."""
+    if not 0 <= head < heads:
+        raise ValueError(f"head must lie in [0, {heads - 1}] for heads={heads}, got {head}")
+    tokens, weights, allowed, scale = explorer_weights(heads=heads, **options)
+    t, scaling, temperature = len(tokens), options["scaling"], options["temperature"]
+    scale_txt = {"1/sqrt(d)": f"1/sqrt({DIM // heads})", "none": "1"}.get(scaling, f"1/({temperature:g}·sqrt({DIM // heads}))")
+    return {
+        "tokens": tuple(tokens),
+        "w": weights[head].numpy(),  # [T, T]
+        "blocked": ~allowed.numpy(),  # [T, T]
+        "annotate": t <= 12 if annotate is None else annotate,
+        "title": f"head {head} of {heads} · mask: {options['mask']} · scale {scale_txt} = {scale:.3f}",
+    }
+
+
+def _heatmap_layout(tokens: tuple[str, ...], annotate: bool) -> tuple[Any, _Heatmap]:
+    """The figure for ``tokens``: axes, tick labels, colour bar, an empty image and title."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    t = len(tokens)
+    size = 2.2 + 0.42 * t
+    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")  # masked cells: light grey (and hatched)
+    im = ax.imshow(np.zeros((t, t)), cmap=cmap, vmin=0.0, vmax=1.0)
+    cells = [ax.text(j, i, "", ha="center", va="center", fontsize=7) for i in range(t) for j in range(t)] if annotate else []
+    ax.set_xticks(range(t), tokens, rotation=60, ha="right")
+    ax.set_yticks(range(t), tokens)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    title = ax.set_title("", fontsize=9, y=1.0)  # y given: no per-draw title placement
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight (each row sums to 1)")
+    return fig, _Heatmap((tokens, annotate), im, title, cells)
+
+
+def _heatmap_fill(parts: _Heatmap, data: dict[str, Any]) -> None:
+    """Put ``data``'s weights, blocked cells, numbers and title into the artists."""
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    w, blocked = data["w"], data["blocked"]
+    parts.image.set_data(np.ma.masked_array(w, mask=blocked))
+    for patch in parts.hatches:
+        patch.remove()
+    ax = parts.image.axes
+    parts.hatches = [ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#8c8c8c", lw=0))
+                     for i, j in zip(*np.nonzero(blocked))]  # blocked reads as "blocked", not "0"
+    for k, cell in enumerate(parts.cells):
+        i, j = divmod(k, w.shape[1])
+        cell.set_visible(not blocked[i, j])
+        cell.set_text("" if blocked[i, j] else f"{w[i, j]:.2f}")
+        cell.set_color("black" if w[i, j] > 0.55 else "white")
+    parts.title.set_text(data["title"])
+
+
 def attention_figure(
     sentence: str = "the cat sat on the mat",
     *,
@@ -157,44 +226,33 @@ def attention_figure(
     Rows are queries, columns are keys, both labelled with the tokens. Cells the mask blocks are
     drawn grey and hatched (their weight is exactly 0); allowed cells use a colour scale from 0 to 1.
     ``annotate`` writes each weight into its cell (default: when there are at most 12 tokens).
-    See :func:`explorer_weights` for the other options.
+    See :func:`explorer_weights` for the other options; :func:`update_attention_figure` redraws it.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.patches import Rectangle
-
-    if not 0 <= head < heads:
-        raise ValueError(f"head must lie in [0, {heads - 1}] for heads={heads}, got {head}")
-    tokens, weights, allowed, scale = explorer_weights(
-        sentence, tokenizer=tokenizer, heads=heads, mask=mask, scaling=scaling,
-        temperature=temperature, pad_to=pad_to, pad_side=pad_side, seed=seed,
-    )
-    t = len(tokens)
-    w = weights[head].numpy()  # [T, T]
-    blocked = ~allowed.numpy()  # [T, T]
-    annotate = t <= 12 if annotate is None else annotate
-
-    size = 2.2 + 0.42 * t
-    fig, ax = plt.subplots(figsize=(size + 1.2, size))
-    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")  # masked cells: light grey ...
-    im = ax.imshow(np.ma.masked_array(w, mask=blocked), cmap=cmap, vmin=0.0, vmax=1.0)
-    for i, j in zip(*np.nonzero(blocked)):  # ... and hatched, so they read as "blocked", not "0"
-        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#8c8c8c", lw=0))
-    if annotate:
-        for i in range(t):
-            for j in range(t):
-                if not blocked[i, j]:
-                    ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                            color="black" if w[i, j] > 0.55 else "white")
-    ax.set_xticks(range(t), tokens, rotation=60, ha="right")
-    ax.set_yticks(range(t), tokens)
-    ax.set_xlabel("key (attended to)")
-    ax.set_ylabel("query (attending)")
-    scale_txt = {"1/sqrt(d)": f"1/sqrt({DIM // heads})", "none": "1"}.get(scaling, f"1/({temperature:g}·sqrt({DIM // heads}))")
-    ax.set_title(f"head {head} of {heads} · mask: {mask} · scale {scale_txt} = {scale:.3f}", fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight (each row sums to 1)")
+    options = dict(sentence=sentence, tokenizer=tokenizer, mask=mask, scaling=scaling, temperature=temperature,
+                   pad_to=pad_to, pad_side=pad_side, seed=seed)
+    data = _heatmap_data(head, heads, annotate, options)
+    fig, parts = _heatmap_layout(data["tokens"], data["annotate"])
+    _heatmap_fill(parts, data)
     fig.tight_layout()
-    return fig
+    return remember(fig, parts)
+
+
+def update_attention_figure(fig: Any, sentence: str = "the cat sat on the mat", *, heads: int = 2, head: int = 0,
+                            annotate: bool | None = None, **options: Any) -> bool:
+    """Redraw an :func:`attention_figure` in place for new options (same keywords).
+
+    Returns False, leaving ``fig`` as it was, when the tokens (their number or text) changed, or
+    ``fig`` was not built by :func:`attention_figure`: then build a new one. Raises ``ValueError``
+    like :func:`attention_figure`, before touching ``fig``.
+    """
+    parts = recall(fig)
+    options = {"tokenizer": "words", "mask": "causal", "scaling": "1/sqrt(d)", "temperature": 1.0, "pad_to": None,
+               "pad_side": "right", "seed": 0} | options | {"sentence": sentence}
+    data = _heatmap_data(head, heads, annotate, options)
+    if not isinstance(parts, _Heatmap) or parts.key != (data["tokens"], data["annotate"]):
+        return False
+    _heatmap_fill(parts, data)
+    return True
 
 
 def attention_explorer(
@@ -237,17 +295,4 @@ def attention_explorer(
         controls["head"].max = change["new"] - 1
 
     controls["heads"].observe(sync_head, names="value")
-    return interactive_figure(_figure_or_message, controls, fixed={"seed": seed})
-
-
-def _figure_or_message(**options: Any) -> Any:
-    """:func:`attention_figure`, or a small figure stating the problem (say, an empty sentence)."""
-    try:
-        return attention_figure(**options)
-    except ValueError as err:
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 1.2))
-        ax.axis("off")
-        ax.text(0.0, 0.5, f"cannot draw: {err}", wrap=True, va="center", fontsize=9, color="#b00020")
-        return fig
+    return interactive_figure(attention_figure, controls, fixed={"seed": seed}, update_fn=update_attention_figure)

@@ -2,23 +2,27 @@
 
     cache bytes = 2 (K and V) · layers · B · H · T · d_head · bytes per element
 
-:func:`cache_figure` is pure (arguments in, matplotlib Figure out); :func:`cache_explorer` adds
-ipywidgets controls (B, layers, H, d_head, dtype, memory already taken by the weights) through
-:func:`tinytf.viz.interactive_figure`, or shows the static figure when headless.
+:func:`cache_figure` is pure (arguments in, matplotlib Figure out) and :func:`update_cache_figure`
+redraws one in place; :func:`cache_explorer` adds ipywidgets controls (B, layers, H, d_head, dtype,
+memory already taken by the weights) through :func:`tinytf.viz.interactive_figure`, or shows the
+static figure when headless.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..memory import GiB, dtype_bytes, format_bytes, kv_cache_bytes
-from ._front import interactive_figure
+from ._front import choices, interactive_figure, recall, remember
 
-__all__ = ["CAPACITIES_GIB", "cache_tokens_that_fit", "cache_figure", "cache_explorer"]
+__all__ = ["CAPACITIES_GIB", "cache_tokens_that_fit", "cache_figure", "update_cache_figure", "cache_explorer"]
 
 CAPACITIES_GIB = (24, 80, 141)  # a consumer GPU, an A100/H100 80 GB, an H200
 _CAP_COLORS = ("#dd8452", "#b00020", "#8172b2")
+_DEFAULTS = {"batch": 1, "layers": 32, "heads": 32, "head_dim": 128, "dtype": "fp16", "reserved_gib": 0.0,
+             "capacities_gib": CAPACITIES_GIB, "batches": (1, 8, 64), "t_min": 256, "t_max": 131072}
 
 
 def cache_tokens_that_fit(
@@ -28,6 +32,100 @@ def cache_tokens_that_fit(
     ``capacity_bytes - reserved_bytes`` (0 when not even one token fits)."""
     per_token = kv_cache_bytes(batch, layers, heads, 1, head_dim, dtype)  # bytes for one more token in every sequence
     return max(0, int((capacity_bytes - reserved_bytes) // per_token))
+
+
+@dataclass
+class _CacheParts:
+    """The artists :func:`update_cache_figure` changes, and the structure they were built for."""
+
+    key: tuple  # (context grid, thin batches, capacities)
+    ax: Any
+    bold: Any
+    thin: dict  # batch -> (line, its "B=b" label)
+    caps: list  # per capacity: (horizontal line, vertical fit line, fit annotation)
+
+
+def _cache_data(batch: int, layers: int, heads: int, head_dim: int, dtype: str, reserved_gib: float,
+                capacities_gib: Sequence[float], batches: Sequence[int], t_min: int, t_max: int) -> dict[str, Any]:
+    """Every curve, line and text of the figure, computed (and validated) before any artist is touched."""
+    import numpy as np
+
+    for name, val in (("batch", batch), ("layers", layers), ("heads", heads), ("head_dim", head_dim)):
+        if val < 1:
+            raise ValueError(f"{name} must be positive, got {val}")
+    if t_min < 1 or t_max <= t_min:
+        raise ValueError(f"need 1 <= t_min < t_max, got t_min={t_min}, t_max={t_max}")
+    ts = np.unique(np.geomspace(t_min, t_max, 64).round().astype(int))
+    caps = []
+    for cap in capacities_gib:
+        fit = cache_tokens_that_fit(cap * GiB, batch=batch, layers=layers, heads=heads, head_dim=head_dim, dtype=dtype,
+                                    reserved_bytes=reserved_gib * GiB)
+        label = f"{cap:g} GiB" + (f" − {reserved_gib:g} GiB weights" if reserved_gib else "")
+        caps.append((cap - reserved_gib, label, fit if t_min <= fit <= t_max else None))
+    per_tok = kv_cache_bytes(1, layers, heads, 1, head_dim, dtype)
+    last = format_bytes(kv_cache_bytes(batch, layers, heads, int(ts[-1]), head_dim, dtype))
+    return {
+        "key": (tuple(ts), tuple(sorted(set(batches))), tuple(capacities_gib)),
+        "ts": ts,
+        "gib": {b: np.array([kv_cache_bytes(b, layers, heads, int(t), head_dim, dtype) for t in ts]) / GiB
+                for b in set(batches) | {batch}},
+        "batch": batch,
+        "caps": caps,
+        "title": (f"layers={layers}, H={heads}, d_head={head_dim}, {dtype} ({dtype_bytes(dtype)} B/elem): "
+                  f"{format_bytes(per_tok)} per token per sequence\n"
+                  f"= 2 (K,V) × {layers} × {heads} × {head_dim} × {dtype_bytes(dtype)} B; B={batch} at T={ts[-1]:,}: {last}"),
+    }
+
+
+def _cache_layout(key: tuple) -> tuple[Any, _CacheParts]:
+    """Axes, one thin curve per batch, the bold curve, and per capacity a line, a fit line and a label."""
+    import matplotlib.pyplot as plt
+
+    ts, batches, capacities = key
+    fig, ax = plt.subplots(figsize=(9, 4.6))
+    thin = {b: (ax.plot(ts, ts, color="#8c8c8c", lw=0.9, alpha=0.7)[0],
+                ax.annotate(f"B={b}", xy=(ts[-1], 1), xytext=(3, 0), textcoords="offset points", fontsize=8,
+                            color="#6c6c6c", va="center")) for b in batches}
+    bold = ax.plot(ts, ts, color="#4c72b0", lw=2.4)[0]
+    caps = [(ax.axhline(1, color=color, ls="--", lw=1.2), ax.axvline(1, color=color, lw=0.9, ls=":"),
+             ax.annotate("", xy=(1, 1), xytext=(4, 5), textcoords="offset points", fontsize=8, color=color,
+                         bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1}))
+            for _, color in zip(capacities, _CAP_COLORS * 3)]
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlim(ts[0], ts[-1] * 1.6)
+    ax.set_xlabel("context length T (tokens per sequence)")
+    ax.set_ylabel("KV cache (GiB)")
+    ax.grid(True, which="major", alpha=0.3)
+    return fig, _CacheParts(key, ax, bold, thin, caps)
+
+
+def _cache_fill(parts: _CacheParts, data: dict[str, Any]) -> None:
+    """Put ``data``'s curves, capacity lines, fits, legend and title into the artists."""
+    batch, gib, ts = data["batch"], data["gib"], data["ts"]
+    for b, (line, label) in parts.thin.items():  # the chosen batch is the bold curve, not a thin one
+        line.set_ydata(gib[b])
+        label.xy = (ts[-1], gib[b][-1])
+        line.set_visible(b != batch)
+        label.set_visible(b != batch)
+    parts.bold.set_ydata(gib[batch])
+    parts.bold.set_label(f"KV cache, B={batch}")
+    for (hline, vline, note), (left, label, fit) in zip(parts.caps, data["caps"]):
+        room = left > 0  # weights larger than the device: no line for it
+        hline.set_visible(room)
+        hline.set_ydata([left, left])
+        hline.set_label(label if room else "_" + label)
+        vline.set_visible(room and fit is not None)
+        note.set_visible(room and fit is not None)
+        if room and fit is not None:
+            vline.set_xdata([fit, fit])
+            note.xy = (fit, left)
+            note.set_text(f"T ≤ {fit:,}")
+    ax = parts.ax
+    ax.relim(visible_only=True)
+    ax.autoscale_view(scalex=False)
+    ax.set_title(data["title"], fontsize=10, y=1.0)  # y given: no title placement pass at every draw
+    ax.legend(handles=[parts.bold] + [h for h, _, _ in parts.caps if h.get_visible()], fontsize=8, loc="upper left")
 
 
 def cache_figure(
@@ -46,66 +144,24 @@ def cache_figure(
     """Cache GiB against context T (log–log) for ``batch`` (bold) and for each of ``batches`` (thin),
     with one horizontal line per device capacity minus ``reserved_gib`` (memory the weights already
     take) and, on each, the largest T that fits for ``batch`` marked by a vertical line."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    for name, val in (("batch", batch), ("layers", layers), ("heads", heads), ("head_dim", head_dim)):
-        if val < 1:
-            raise ValueError(f"{name} must be positive, got {val}")
-    if t_min < 1 or t_max <= t_min:
-        raise ValueError(f"need 1 <= t_min < t_max, got t_min={t_min}, t_max={t_max}")
-    ts = np.unique(np.geomspace(t_min, t_max, 64).round().astype(int))
-
-    def gib(b: int) -> np.ndarray:
-        return np.array([kv_cache_bytes(b, layers, heads, int(t), head_dim, dtype) for t in ts]) / GiB
-
-    fig, ax = plt.subplots(figsize=(9, 4.6))
-    for b in sorted(set(batches) - {batch}):
-        ax.plot(ts, gib(b), color="#8c8c8c", lw=0.9, alpha=0.7)
-        ax.annotate(f"B={b}", xy=(ts[-1], gib(b)[-1]), xytext=(3, 0), textcoords="offset points", fontsize=8, color="#6c6c6c",
-                    va="center")
-    ax.plot(ts, gib(batch), color="#4c72b0", lw=2.4, label=f"KV cache, B={batch}")
-    for cap, color in zip(capacities_gib, _CAP_COLORS * 3):
-        left = cap - reserved_gib
-        if left <= 0:
-            continue
-        label = f"{cap:g} GiB" + (f" − {reserved_gib:g} GiB weights" if reserved_gib else "")
-        ax.axhline(left, color=color, ls="--", lw=1.2, label=label)
-        fit = cache_tokens_that_fit(cap * GiB, batch=batch, layers=layers, heads=heads, head_dim=head_dim, dtype=dtype,
-                                    reserved_bytes=reserved_gib * GiB)
-        if t_min <= fit <= t_max:
-            ax.axvline(fit, color=color, lw=0.9, ls=":")
-            ax.annotate(f"T ≤ {fit:,}", xy=(fit, left), xytext=(4, 5), textcoords="offset points", fontsize=8, color=color,
-                        bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1})
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlim(ts[0], ts[-1] * 1.6)
-    ax.set_xlabel("context length T (tokens per sequence)")
-    ax.set_ylabel("KV cache (GiB)")
-    ax.grid(True, which="major", alpha=0.3)
-    per_tok = kv_cache_bytes(1, layers, heads, 1, head_dim, dtype)
-    ax.set_title(
-        f"layers={layers}, H={heads}, d_head={head_dim}, {dtype} ({dtype_bytes(dtype)} B/elem): "
-        f"{format_bytes(per_tok)} per token per sequence\n"
-        f"= 2 (K,V) × {layers} × {heads} × {head_dim} × {dtype_bytes(dtype)} B; "
-        f"B={batch} at T={ts[-1]:,}: {format_bytes(kv_cache_bytes(batch, layers, heads, int(ts[-1]), head_dim, dtype))}",
-        fontsize=10,
-    )
-    ax.legend(fontsize=8, loc="upper left")
+    data = _cache_data(batch, layers, heads, head_dim, dtype, reserved_gib, capacities_gib, batches, t_min, t_max)
+    fig, parts = _cache_layout(data["key"])
+    _cache_fill(parts, data)
     fig.tight_layout()
-    return fig
+    return remember(fig, parts)
 
 
-def _figure_or_message(**options: Any) -> Any:
-    try:
-        return cache_figure(**options)
-    except ValueError as err:
-        import matplotlib.pyplot as plt
+def update_cache_figure(fig: Any, **options: Any) -> bool:
+    """Redraw a :func:`cache_figure` in place for new keyword values (its keywords, same defaults).
 
-        fig, ax = plt.subplots(figsize=(6, 1.2))
-        ax.axis("off")
-        ax.text(0.0, 0.5, f"cannot draw: {err}", wrap=True, va="center", fontsize=9, color="#b00020")
-        return fig
+    Returns False, leaving ``fig`` unchanged, when the context grid, ``batches`` or capacities
+    differ or ``fig`` is no :func:`cache_figure`; raises ``ValueError`` like it, before any change."""
+    data = _cache_data(**(_DEFAULTS | options))
+    parts = recall(fig)
+    if not isinstance(parts, _CacheParts) or parts.key != data["key"]:
+        return False
+    _cache_fill(parts, data)
+    return True
 
 
 def cache_explorer(
@@ -124,9 +180,6 @@ def cache_explorer(
     the static figure."""
     import ipywidgets as widgets
 
-    def choices(default: int, options: Sequence[int]) -> list[int]:
-        return sorted(set(options) | {default})
-
     controls = {
         "batch": widgets.Dropdown(options=choices(batch, [1, 2, 4, 8, 16, 32, 64, 128, 256]), value=batch, description="B",
                                   layout=widgets.Layout(width="140px")),
@@ -140,4 +193,4 @@ def cache_explorer(
         "reserved_gib": widgets.FloatSlider(value=reserved_gib, min=0.0, max=140.0, step=1.0, description="weights GiB",
                                             continuous_update=False),
     }
-    return interactive_figure(_figure_or_message, controls, fixed=fixed)
+    return interactive_figure(cache_figure, controls, fixed=fixed, update_fn=update_cache_figure)

@@ -9,13 +9,14 @@ headless. Measured points (bytes at some T) can be overlaid on the predicted tot
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..lm import ModelConfig
 from ..memory import GiB, Ledger, dtype_bytes, format_bytes, ledger
-from ._front import interactive_figure
+from ._front import choices, interactive_figure, recall, remember
 
-__all__ = ["token_grid", "memory_curves", "capacity_crossing", "memory_figure", "memory_explorer", "CAPACITIES_GIB"]
+__all__ = ["token_grid", "memory_curves", "capacity_crossing", "memory_figure", "update_memory_figure", "memory_explorer", "CAPACITIES_GIB"]
 
 CAPACITIES_GIB = (24, 80, 141)  # a consumer GPU, an A100/H100 80 GB, an H200
 COLORS = {
@@ -23,6 +24,9 @@ COLORS = {
     "hidden": "#ccb974", "ffn": "#dd8452", "attention": "#c44e52", "logits": "#937860", "other": "#8c8c8c",
     "kv_cache": "#da8bc3",
 }
+_DEFAULTS = {"batch": 8, "heads": 16, "dim": 1024, "layers": 24, "vocab": 32000, "expansion": 4, "dtype": "bf16",
+             "mode": "training", "attention": "explicit", "optimizer": "adamw", "mixed_precision": False, "capacity_gib": 80,
+             "t_min": 128, "t_max": 131072, "measured": None, "measured_label": "measured"}
 
 
 def token_grid(t_min: int = 128, t_max: int = 131072, per_octave: int = 4) -> list[int]:
@@ -54,6 +58,95 @@ def capacity_crossing(ledgers: Sequence[Ledger], capacity_bytes: float) -> int |
     return None
 
 
+@dataclass
+class _MemoryParts:
+    """The artists :func:`update_memory_figure` changes, and the structure they were built for."""
+
+    key: tuple  # (context grid, components shown, measured points, their label)
+    ax: Any
+    stacks: list  # one FillBetweenPolyCollection per component
+    total: Any
+    capacity: Any
+    cross: Any
+    cross_note: Any
+
+
+def _memory_data(batch: int, heads: int, dim: int, layers: int, vocab: int, expansion: int, dtype: str, mode: str,
+                 attention: str, optimizer: str, mixed_precision: bool, capacity_gib: float, t_min: int, t_max: int,
+                 measured: Sequence[tuple[int, float]] | None, measured_label: str) -> dict[str, Any]:
+    """The ledger curves and every text of the figure, computed (and validated) before drawing."""
+    import numpy as np
+
+    if mode not in ("training", "inference"):
+        raise ValueError(f"mode must be 'training' or 'inference', got {mode!r}")
+    if dim % heads:
+        raise ValueError(f"dim={dim} is not divisible by heads={heads}: pick heads among the divisors of {dim}")
+    config = ModelConfig(vocab, dim, heads, layers, t_max, expansion)
+    ts = token_grid(t_min, t_max)
+    kwargs = {"training": mode == "training", "attention": attention}
+    if mode == "training":
+        kwargs |= {"optimizer": optimizer, "mixed_precision": mixed_precision}
+    leds = memory_curves(config, batch, ts, dtype, **kwargs)
+    names = tuple(n for n in Ledger.COMPONENTS if any(getattr(led, n) for led in leds))
+    stacks = np.array([[getattr(led, n) / GiB for led in leds] for n in names])
+    what = f"{mode}, {attention} attention, {dtype} ({dtype_bytes(dtype)} B/elem)" + (", mixed precision" if mixed_precision else "")
+    last = leds[-1]
+    points = tuple((int(t), float(b)) for t, b in measured) if measured else ()
+    return {
+        "key": (tuple(ts), names, points, measured_label),
+        "ts": ts, "tops": stacks.cumsum(axis=0), "totals": stacks.sum(axis=0), "capacity_gib": capacity_gib,
+        "cross": capacity_crossing(leds, capacity_gib * GiB),
+        "title": f"B={batch}, H={heads}, D={dim}, layers={layers}, V={vocab}: {what}\n"
+                 f"at T={last.tokens:,}: total {format_bytes(last.total)}, attention {format_bytes(last.attention)}",
+    }
+
+
+def _memory_layout(key: tuple) -> tuple[Any, _MemoryParts]:
+    """Axes, one band per component, the total, the capacity and crossing lines, the measured points."""
+    import matplotlib.pyplot as plt
+
+    ts, names, points, measured_label = key
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    stacks = [ax.fill_between(ts, 0, 1, facecolor=COLORS[n], alpha=0.85, label=n.replace("_", " ")) for n in names]
+    total = ax.plot(ts, ts, color="black", lw=1.2, label="total (ledger)")[0]
+    capacity = ax.axhline(1, color="#b00020", ls="--", lw=1.3)
+    cross = ax.axvline(ts[0], color="#b00020", lw=0.8, alpha=0.7)
+    note = ax.annotate("", xy=(ts[0], 1), xytext=(6, 8), textcoords="offset points", color="#b00020", fontsize=9)
+    if points:
+        mt, mb = zip(*points)
+        ax.scatter(mt, [b / GiB for b in mb], color="black", marker="x", s=50, zorder=5, label=measured_label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlim(ts[0], ts[-1])
+    ax.set_xlabel("context length T (tokens)")
+    ax.set_ylabel("GiB (stacked)")
+    ax.grid(True, which="major", alpha=0.3)
+    return fig, _MemoryParts(key, ax, stacks, total, capacity, cross, note)
+
+
+def _memory_fill(parts: _MemoryParts, data: dict[str, Any]) -> None:
+    """Put ``data``'s bands, total, capacity, crossing, limits, legend and title into the artists."""
+    import numpy as np
+
+    ts, tops, totals, cap, cross = data["ts"], data["tops"], data["totals"], data["capacity_gib"], data["cross"]
+    bottoms = np.vstack([np.zeros_like(tops[:1]), tops[:-1]])
+    for band, lo, hi in zip(parts.stacks, bottoms, tops):
+        band.set_data(ts, lo, hi)
+    parts.total.set_ydata(totals)
+    parts.capacity.set_ydata([cap, cap])
+    parts.capacity.set_label(f"device capacity {cap:g} GiB")
+    parts.cross.set_visible(cross is not None)
+    parts.cross_note.set_visible(cross is not None)
+    if cross is not None:
+        parts.cross.set_xdata([cross, cross])
+        parts.cross_note.xy = (cross, cap)
+        parts.cross_note.set_text(f"exceeds {cap:g} GiB\nat T ≈ {cross:,}")
+    ax = parts.ax
+    ax.set_ylim(max(totals.min() / 50, 1e-6), max(totals.max(), cap) * 3)
+    ax.set_title(data["title"], fontsize=10, y=1.0)  # y given: no title placement pass at every draw
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+
+
 def memory_figure(
     *,
     batch: int = 8,
@@ -78,63 +171,28 @@ def memory_figure(
 
     ``mode`` is ``"training"`` (a full AdamW step) or ``"inference"`` (a no-grad prefill with a KV
     cache of T tokens). Raises ``ValueError`` for an impossible configuration (``dim % heads``).
+    :func:`update_memory_figure` redraws it for new values.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    if mode not in ("training", "inference"):
-        raise ValueError(f"mode must be 'training' or 'inference', got {mode!r}")
-    if dim % heads:
-        raise ValueError(f"dim={dim} is not divisible by heads={heads}: pick heads among the divisors of {dim}")
-    config = ModelConfig(vocab, dim, heads, layers, t_max, expansion)
-    ts = token_grid(t_min, t_max)
-    kwargs = {"training": mode == "training", "attention": attention}
-    if mode == "training":
-        kwargs |= {"optimizer": optimizer, "mixed_precision": mixed_precision}
-    leds = memory_curves(config, batch, ts, dtype, **kwargs)
-    names = [n for n in Ledger.COMPONENTS if any(getattr(led, n) for led in leds)]
-    stacks = np.array([[getattr(led, n) / GiB for led in leds] for n in names])
-    totals = stacks.sum(axis=0)
-
-    fig, ax = plt.subplots(figsize=(9, 4.8))
-    ax.stackplot(ts, stacks, labels=[n.replace("_", " ") for n in names], colors=[COLORS[n] for n in names], alpha=0.85)
-    ax.plot(ts, totals, color="black", lw=1.2, label="total (ledger)")
-    ax.axhline(capacity_gib, color="#b00020", ls="--", lw=1.3, label=f"device capacity {capacity_gib:g} GiB")
-    cross = capacity_crossing(leds, capacity_gib * GiB)
-    if cross is not None:
-        ax.axvline(cross, color="#b00020", lw=0.8, alpha=0.7)
-        ax.annotate(f"exceeds {capacity_gib:g} GiB\nat T ≈ {cross:,}", xy=(cross, capacity_gib), xytext=(6, 8),
-                    textcoords="offset points", color="#b00020", fontsize=9)
-    if measured:
-        mt, mb = zip(*measured)
-        ax.scatter(mt, [b / GiB for b in mb], color="black", marker="x", s=50, zorder=5, label=measured_label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    floor = max(totals.min() / 50, 1e-6)
-    ax.set_ylim(floor, max(totals.max(), capacity_gib) * 3)
-    ax.set_xlim(ts[0], ts[-1])
-    ax.set_xlabel("context length T (tokens)")
-    ax.set_ylabel("GiB (stacked)")
-    ax.grid(True, which="major", alpha=0.3)
-    what = f"{mode}, {attention} attention, {dtype} ({dtype_bytes(dtype)} B/elem)" + (", mixed precision" if mixed_precision else "")
-    last = leds[-1]
-    ax.set_title(f"B={batch}, H={heads}, D={dim}, layers={layers}, V={vocab}: {what}\n"
-                 f"at T={last.tokens:,}: total {format_bytes(last.total)}, attention {format_bytes(last.attention)}", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    data = _memory_data(batch, heads, dim, layers, vocab, expansion, dtype, mode, attention, optimizer, mixed_precision,
+                        capacity_gib, t_min, t_max, measured, measured_label)
+    fig, parts = _memory_layout(data["key"])
+    _memory_fill(parts, data)
     fig.tight_layout()
-    return fig
+    return remember(fig, parts)
 
 
-def _figure_or_message(**options: Any) -> Any:
-    try:
-        return memory_figure(**options)
-    except ValueError as err:
-        import matplotlib.pyplot as plt
+def update_memory_figure(fig: Any, **options: Any) -> bool:
+    """Redraw a :func:`memory_figure` in place for new keyword values (its keywords, same defaults).
 
-        fig, ax = plt.subplots(figsize=(6, 1.2))
-        ax.axis("off")
-        ax.text(0.0, 0.5, f"cannot draw: {err}", wrap=True, va="center", fontsize=9, color="#b00020")
-        return fig
+    Returns False, leaving ``fig`` unchanged, when the context grid, the components shown (say,
+    training vs inference) or the measured points differ, or ``fig`` is no :func:`memory_figure`;
+    raises ``ValueError`` like it, before any change."""
+    data = _memory_data(**(_DEFAULTS | options))
+    parts = recall(fig)
+    if not isinstance(parts, _MemoryParts) or parts.key != data["key"]:
+        return False
+    _memory_fill(parts, data)
+    return True
 
 
 def memory_explorer(
@@ -155,9 +213,6 @@ def memory_explorer(
     headless it shows and returns the static figure."""
     import ipywidgets as widgets
 
-    def choices(default: int, options: Sequence[int]) -> list[int]:
-        return sorted(set(options) | {default})
-
     capacities = sorted(set(CAPACITIES_GIB) | {capacity_gib})
     controls = {
         "batch": widgets.Dropdown(options=choices(batch, [1, 2, 4, 8, 16, 32, 64]), value=batch, description="B",
@@ -176,4 +231,4 @@ def memory_explorer(
         "capacity_gib": widgets.Dropdown(options=capacities, value=capacity_gib, description="GiB",
                                          layout=widgets.Layout(width="130px")),
     }
-    return interactive_figure(_figure_or_message, controls, fixed=fixed)
+    return interactive_figure(memory_figure, controls, fixed=fixed, update_fn=update_memory_figure)

@@ -1,0 +1,244 @@
+"""The analytic memory ledger: predicted bytes for attention, activations, parameters and the
+KV cache, from shapes and a dtype alone (no tensor is allocated).
+
+Size helpers (:func:`dtype_bytes`, :func:`attention_matrix_bytes`, :func:`kv_cache_bytes`,
+:func:`format_bytes`) return bytes as an ``int``; :func:`ledger` adds the terms up, component by
+component, for a whole training step or inference prefill (a :class:`Ledger`). The meters that
+check each prediction against a measurement live in :mod:`tinytf.memory_meters`; both are
+importable from :mod:`tinytf.memory`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "format_bytes", "parameter_count",
+    "Ledger", "ledger", "GiB", "MiB", "KiB", "OPTIMIZER_STATES", "ATTENTION_PATHS",
+]
+
+
+_ALIASES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+            "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp64": torch.float64, "float64": torch.float64}
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype.lower().removeprefix("torch.") not in _ALIASES:
+            raise ValueError(f"unknown dtype {dtype!r}: use one of {sorted(_ALIASES)} or a torch.dtype")
+        return _ALIASES[dtype.lower().removeprefix("torch.")]
+    return dtype
+
+
+def dtype_bytes(dtype: torch.dtype | str) -> int:
+    """Bytes per element: ``torch.float16``/``"fp16"`` -> 2, ``torch.float32``/``"fp32"`` -> 4, ..."""
+    return torch.empty((), dtype=_as_dtype(dtype)).element_size()
+
+
+def attention_matrix_bytes(batch: int, heads: int, tokens: int, dtype: torch.dtype | str) -> int:
+    """Bytes of one ``[B, H, T, T]`` scores or weights tensor."""
+    return batch * heads * tokens * tokens * dtype_bytes(dtype)
+
+
+def kv_cache_bytes(batch: int, layers: int, heads: int, tokens: int, head_dim: int, dtype: torch.dtype | str) -> int:
+    """Bytes of a KV cache: keys and values ``[B, H, T, d_head]`` for every layer (``2·L·B·H·T·d``)."""
+    return 2 * layers * batch * heads * tokens * head_dim * dtype_bytes(dtype)
+
+
+# -- the ledger -------------------------------------------------------------------------------------
+
+OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1}
+ATTENTION_PATHS = ("explicit", "sdpa")
+FP32 = 4  # LayerNorm statistics and the fused kernel's log-sum-exp are kept in fp32
+INT64 = 8  # token ids and targets saved by the embedding and the loss
+GiB, MiB, KiB = 2**30, 2**20, 2**10
+
+
+def format_bytes(n: float) -> str:
+    """``4294967296 -> '4.00 GiB'``, ``1536 -> '1.50 KiB'`` (binary units)."""
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _config_of(model_config: Any) -> Any:
+    """A :class:`tinytf.ModelConfig` from a config or a :class:`tinytf.TinyLanguageModel`."""
+    config = getattr(model_config, "config", model_config)
+    for name in ("vocab", "dim", "heads", "layers", "max_tokens", "expansion"):
+        if not hasattr(config, name):
+            raise ValueError(
+                f"model_config must be a tinytf.ModelConfig or TinyLanguageModel, got {type(model_config).__name__} without .{name}"
+            )
+    return config
+
+
+def parameter_count(model_config: Any) -> tuple[int, int]:
+    """``(scalars, tensors)`` of a :class:`tinytf.TinyLanguageModel` built from ``model_config``.
+
+    Per block: ``qkv 3D²+3D``, ``proj D²+D``, two LayerNorms ``4D``, FFN ``2·D·F + F + D`` (F = eD);
+    plus token ``V·D`` and position ``T_max·D`` tables, the final LayerNorm ``2D`` and ``lm_head D·V``.
+    """
+    c = _config_of(model_config)
+    d, f = c.dim, c.expansion * c.dim
+    block = (3 * d * d + 3 * d) + (d * d + d) + 4 * d + (2 * d * f + f + d)
+    scalars = c.vocab * d + c.max_tokens * d + c.layers * block + 2 * d + d * c.vocab
+    tensors = 12 * c.layers + 5  # 12 per block (6 weights, 6 biases) + token, position, norm w/b, lm_head
+    return scalars, tensors
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Predicted bytes of one training step (or one inference prefill), component by component.
+
+    Training activations are the tensors autograd *saves for backward*. Inference saves nothing:
+    its activations are the transient working set at the peak of a no-grad forward, i.e. of the
+    largest of three phases (attention, FFN, logits; named by ``peak_phase``).
+    """
+
+    batch: int
+    tokens: int
+    dtype: str
+    training: bool
+    optimizer: str
+    attention_path: str
+    mixed_precision: bool
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    master_weights: int
+    hidden: int  # B×T×D tensors (residual stream, LayerNorm outputs, q/k/v, head merge)
+    ffn: int  # B×T×D_ff tensors (GELU input and output)
+    attention: int  # B×H×T×T tensors (scores/weights); 0 on the fused path
+    logits: int  # B×T×V (log-softmax output kept by the loss; the logits at inference)
+    other: int  # small terms: LayerNorm statistics, masks, token ids, log-sum-exp
+    kv_cache: int  # inference only: K and V for every layer
+    peak_phase: str = ""  # inference: the phase of the forward that holds the most ("attention", "ffn", "logits")
+
+    COMPONENTS = (
+        "parameters", "gradients", "optimizer_state", "master_weights", "hidden", "ffn", "attention", "logits", "other", "kv_cache"
+    )
+    ACTIVATIONS = ("hidden", "ffn", "attention", "logits", "other")
+
+    @property
+    def activations(self) -> int:
+        """Sum of the activation terms (hidden + FFN + attention + logits + other)."""
+        return sum(getattr(self, name) for name in self.ACTIVATIONS)
+
+    @property
+    def total(self) -> int:
+        """Sum of every component. For inference this is the predicted peak; for training an
+        estimate of it (all components counted as if alive at once — backward frees activations
+        while it allocates gradients and temporaries; chapter 05 measures the difference)."""
+        return sum(getattr(self, name) for name in self.COMPONENTS)
+
+    def components(self) -> dict[str, int]:
+        """``{component: bytes}`` in a fixed order (handy for plots and tables)."""
+        return {name: getattr(self, name) for name in self.COMPONENTS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: conditions, every component, activations and total."""
+        return asdict(self) | {"activations": self.activations, "total": self.total}
+
+    def table(self) -> str:
+        """A plain-text table in GiB/MiB with each component's share of the total."""
+        mode = "training step" if self.training else "inference (prefill)"
+        if not self.training:
+            mode += f", peak in the {self.peak_phase} phase"
+        head = (f"ledger: {mode}, B={self.batch}, T={self.tokens}, {self.dtype}, attention={self.attention_path}"
+                + (f", optimizer={self.optimizer}" if self.training else "") + (", mixed precision" if self.mixed_precision else ""))
+        rows = [head]
+        total = max(self.total, 1)
+        for name, n in self.components().items():
+            indent = "  activations/" if name in self.ACTIVATIONS else ""
+            rows.append(f"  {indent + name:<28}{format_bytes(n):>12}  {100 * n / total:5.1f}%")
+        rows.append(f"  {'total':<28}{format_bytes(self.total):>12}")
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """Short name: ``torch.bfloat16``/``"bfloat16"`` -> ``"bf16"``, ``torch.float32`` -> ``"fp32"``."""
+    dtype = _as_dtype(dtype)
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}.get(dtype, str(dtype))
+
+
+def ledger(
+    model_config: Any,
+    batch: int,
+    tokens: int,
+    dtype: torch.dtype | str = torch.float32,
+    *,
+    training: bool = True,
+    optimizer: str = "adamw",
+    attention: str = "explicit",
+    mixed_precision: bool = False,
+) -> Ledger:
+    """Predict the memory of a :class:`tinytf.TinyLanguageModel` step on ``batch × tokens`` ids.
+
+    Args:
+        model_config: a :class:`tinytf.ModelConfig` or a ``TinyLanguageModel`` (its ``.config``).
+        dtype: the compute dtype (activations, parameters; gradients and optimizer state too
+            unless ``mixed_precision``).
+        training: a full step (forward, backward, optimizer) or a no-grad prefill with a KV cache.
+        optimizer: ``"adamw"``/``"adam"`` (2 states per parameter), ``"sgd_momentum"`` (1), ``"sgd"`` (0).
+        attention: ``"explicit"`` (:func:`tinytf.scaled_dot_product_attention`, materialises
+            ``[B, H, T, T]``) or ``"sdpa"`` (fused ``F.scaled_dot_product_attention``: no T×T tensor).
+        mixed_precision: parameters and gradients in ``dtype`` plus an fp32 master copy and fp32
+            optimizer state (the classic 2 + 2 + 4 + 8 = 16 bytes per parameter for fp16 + AdamW).
+
+    Counts follow tinytf's own code with dropout 0 (verified against measurement in
+    ``tests/test_memory.py``): per layer, training saves 8 ``B×T×D`` tensors, 2 ``B×T×D_ff``
+    tensors and, on the explicit path, 2 ``B×H×T×T`` tensors (the softmax output and the masked
+    weights that feed ``@ v``); the loss keeps a ``B×(T-1)×V`` log-softmax.
+    """
+    c = _config_of(model_config)
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
+    if attention not in ATTENTION_PATHS:
+        raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
+    if batch < 1 or tokens < 1:
+        raise ValueError(f"batch and tokens must be positive, got batch={batch}, tokens={tokens}")
+    if training and tokens < 2:
+        raise ValueError(f"a training step needs tokens >= 2 (the loss predicts the next token), got {tokens}")
+    b = dtype_bytes(dtype)
+    peak_phase = ""
+    n_params, n_tensors = parameter_count(c)
+    B, T, D, H, L, V = batch, tokens, c.dim, c.heads, c.layers, c.vocab
+    F = c.expansion * D
+    BTD, BTF = B * T * D, B * T * F
+    explicit = attention == "explicit"
+    parameters = n_params * b
+    gradients = optimizer_state = master = kv = 0
+    if training:
+        gradients = n_params * b
+        state_bytes = FP32 if mixed_precision else b
+        k = OPTIMIZER_STATES[optimizer]
+        steps = n_tensors * FP32 if optimizer.startswith("adam") else 0  # Adam keeps a step counter per tensor
+        optimizer_state = k * n_params * state_bytes + steps
+        master = n_params * FP32 if mixed_precision else 0
+        hidden = (8 * L + 2) * BTD * b  # per layer: norm1 in/out, q, k, v, heads merged, norm2 in/out; + final norm in/out
+        ffn = 2 * L * BTF * b  # GELU input and output (the second Linear's input)
+        attn = 2 * L * attention_matrix_bytes(B, H, T, dtype) if explicit else 0
+        logits = B * (T - 1) * V * b  # log-softmax output saved by cross-entropy
+        other = (2 * (2 * L + 1) * B * T * FP32  # LayerNorm mean and rstd
+                 + (B * T + T + B * (T - 1)) * INT64 + INT64 + b  # ids, positions, targets; token count, weight
+                 + (L * (T * T + T) if explicit else L * B * H * T * FP32))  # bool masks | fp32 log-sum-exp
+    else:  # no-grad prefill: the peak is the largest working set of three phases of one layer
+        mask_bytes = 2 * T * T if explicit else 0  # one layer's causal mask and its negation (bool)
+        scores = 3 * attention_matrix_bytes(B, H, T, dtype) if explicit else 0  # scores, softmax, masked weights
+        phases = {  # (hidden, ffn, attention, logits, other)
+            # block input, norm1 output, the [B, T, 3D] projection (+ the fused kernel's output)
+            "attention": ((5 if explicit else 6) * BTD * b, 0, scores, 0, mask_bytes),
+            "ffn": (3 * BTD * b, 2 * BTF * b, 0, 0, 0),  # block input, residual, norm2 output; GELU input and output
+            "logits": (2 * BTD * b, 0, 0, B * T * V * b, 0),  # last hidden state, final norm output; logits
+        }
+        peak_phase = max(phases, key=lambda name: sum(phases[name]))
+        hidden, ffn, attn, logits, other = phases[peak_phase]
+        kv = kv_cache_bytes(B, L, H, T, D // H, dtype)
+    return Ledger(B, T, dtype_name(dtype), training, optimizer, attention, mixed_precision,
+                  parameters, gradients, optimizer_state, master, hidden, ffn, attn, logits, other, kv, peak_phase)
