@@ -216,3 +216,20 @@ def test_files_from_a_newer_tinytf_are_refused_clearly(tmp_path):
     torch.save({**raw, "version": 99}, tmp_path / "version.pt")
     with pytest.raises(ValueError, match="format version 99.*upgrade tinytf"):
         load_checkpoint(tmp_path / "version.pt")
+
+
+def test_a_scheduler_that_does_not_fit_touches_nothing(tmp_path):
+    model, opt, sched, _ = _run(CFG)
+    path = save_checkpoint(tmp_path / "c.pt", model, opt, sched, step=2)
+    target = TinyLanguageModel(CFG)
+    rest = [p for n, p in target.named_parameters() if not n.startswith("blocks")]
+    groups = [{"params": list(target.blocks.parameters())}, {"params": rest}]
+    t_opt = torch.optim.AdamW(groups)
+    two = torch.optim.lr_scheduler.LambdaLR(t_opt, [_lr, _lr])
+    snap = _snapshot(target, t_opt)
+    with pytest.raises(ValueError, match="parameter groups of sizes"):
+        load_checkpoint(path, model=target, optimizer=t_opt, scheduler=two)
+    one_group = torch.optim.AdamW(target.parameters())
+    with pytest.raises(ValueError, match="the saved scheduler has 1 base_lrs, yours has 2"):
+        load_checkpoint(path, model=target, optimizer=one_group, scheduler=two)
+    assert _unchanged(target, t_opt, snap)

@@ -114,6 +114,8 @@ def load_checkpoint(
             raise ValueError(f"{path} holds no {key} state to restore: it was saved without one (pass {key}= to save_checkpoint)")
     if optimizer is not None:
         _check_optimizer_state(raw["optimizer"], optimizer, path)
+    if scheduler is not None:
+        _check_scheduler_state(raw["scheduler"], scheduler, path)
     # everything checked: only now touch the caller's objects
     if model is None:
         target.to(next(iter(raw["model"].values())).device)
@@ -267,3 +269,14 @@ def _check_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimiz
                 raise ValueError(
                     f"{path}: the optimizer state {name!r} of parameter {i} is {list(value.shape)}, the parameter is {list(p.shape)}"
                 )
+
+
+def _check_scheduler_state(state: dict[str, Any], scheduler: Any, path: Path) -> None:
+    """Per-group lists of the saved scheduler must match yours (``LambdaLR.load_state_dict`` fails half-way otherwise)."""
+    mine = scheduler.state_dict()
+    for key in ("base_lrs", "lr_lambdas"):
+        if key in state and key in mine and len(state[key]) != len(mine[key]):
+            raise ValueError(
+                f"{path}: the saved scheduler has {len(state[key])} {key}, yours has {len(mine[key])}: "
+                "build the same scheduler over an optimizer with the same parameter groups"
+            )
