@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinytf import TinyLanguageModel, count_parameters, lm_loss, train_step
+from tinytf import ModelConfig, TinyLanguageModel, count_parameters, lm_loss, train_step
 
 
 def test_logits_shape_and_future_leak(device):
@@ -78,3 +78,76 @@ def test_initial_loss_near_log_vocab_and_training_reduces_it():
     stats = [train_step(model, opt, ids) for _ in range(30)]
     assert stats[-1]["loss"] < first - 1.0  # memorising one batch
     assert all(s["grad_norm"] > 0 and s["lr"] == 3e-3 for s in stats)
+
+
+# ---- ModelConfig: every architectural choice in one object -------------------------------------
+
+CHOICES = {"norm": "post", "dropout": 0.1, "backend": "sdpa", "bias": False}
+
+
+def test_config_holds_every_choice_and_the_blocks_follow_it():
+    model = TinyLanguageModel(vocab=20, dim=16, heads=2, layers=2, max_tokens=8, expansion=2, **CHOICES)
+    assert model.config == ModelConfig(20, 16, 2, 2, 8, 2, **CHOICES)
+    for block in model.blocks:
+        assert block.norm_position == "post" and block.attn.backend == "sdpa" and block.attn.dropout == 0.1
+        assert block.drop.p == 0.1 and block.ffn[0].out_features == 32
+        assert all(m.bias is None for m in (block.attn.qkv, block.attn.proj, block.ffn[0], block.ffn[2]))
+    assert all(b.attn.qkv.bias is not None and b.ffn[2].bias is not None for b in TinyLanguageModel().blocks)
+
+
+def test_the_ways_to_build_a_model_agree():
+    cfg = ModelConfig(vocab=30, dim=16, heads=4, layers=1, max_tokens=12, norm="post")
+    built = [
+        TinyLanguageModel(cfg),
+        TinyLanguageModel.from_config(cfg),
+        TinyLanguageModel.from_config(cfg.to_dict()),
+        TinyLanguageModel(vocab=30, dim=16, heads=4, layers=1, max_tokens=12, norm="post"),
+        TinyLanguageModel(30, 16, 4, 1, 12, norm="post"),
+        TinyLanguageModel(ModelConfig(vocab=30, dim=16, heads=4, layers=1, max_tokens=12), norm="post"),  # keywords override
+    ]
+    assert all(m.config == cfg for m in built)
+    shapes = {k: v.shape for k, v in built[0].state_dict().items()}
+    assert all({k: v.shape for k, v in m.state_dict().items()} == shapes for m in built)
+
+
+def test_config_dict_round_trip_and_old_dicts_get_the_defaults():
+    cfg = ModelConfig(vocab=7, dim=12, heads=3, layers=3, max_tokens=5, expansion=2, **CHOICES)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert all(type(v) in (int, float, str, bool) for v in cfg.to_dict().values())
+    old = {"vocab": 7, "dim": 12, "heads": 3, "layers": 3, "max_tokens": 5, "expansion": 4}  # saved before norm/dropout/...
+    assert ModelConfig.from_dict(old) == ModelConfig(7, 12, 3, 3, 5, 4, norm="pre", dropout=0.0, backend="explicit", bias=True)
+    with pytest.raises(ValueError, match=r"unknown ModelConfig field.*'kv_heads'"):
+        ModelConfig.from_dict({**old, "kv_heads": 1})
+    with pytest.raises(ValueError, match="unknown ModelConfig field.*'nrom'"):
+        TinyLanguageModel(nrom="post")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"dim": 30, "heads": 4}, r"dim=30 is not divisible by heads=4.*divisors of 30"),
+        ({"heads": 0}, "dim and heads must be positive"),
+        ({"norm": "middle"}, r"norm must be 'pre' or 'post', got 'middle'"),
+        ({"backend": "flash"}, r"backend must be one of \('explicit', 'sdpa'\), got 'flash'"),
+        ({"dropout": 1.0}, r"dropout must be a probability in \[0, 1\), got 1.0"),
+        ({"dropout": -0.1}, r"dropout must be a probability"),
+        ({"vocab": 0}, "vocab must be a positive integer"),
+        ({"layers": 0}, "layers must be a positive integer"),
+        ({"max_tokens": -1}, "max_tokens must be a positive integer"),
+        ({"expansion": 0}, "expansion must be a positive integer"),
+        ({"dim": 32.0}, r"dim must be an integer, got 32.0"),
+        ({"bias": "no"}, "bias must be True or False"),
+    ],
+)
+def test_config_validates_itself(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**fields)
+    with pytest.raises(ValueError, match=message):
+        TinyLanguageModel(**fields)
+
+
+def test_config_is_frozen_and_normalises_integer_types():
+    cfg = ModelConfig(vocab=torch.tensor(9), dim=16)
+    assert cfg.vocab == 9 and type(cfg.vocab) is int
+    with pytest.raises(AttributeError):
+        cfg.norm = "post"  # type: ignore[misc]

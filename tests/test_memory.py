@@ -30,10 +30,10 @@ CONFIGS = [  # (B, T, dim, heads, layers, vocab)
 ]
 
 
-def make_model(dim, heads, layers, vocab, tokens, backend="explicit", expansion=4, dtype=torch.float32, device="cpu"):
+def make_model(dim, heads, layers, vocab, tokens, backend="explicit", expansion=4, dtype=torch.float32, device="cpu", bias=True):
     torch.manual_seed(0)
     model = tinytf.TinyLanguageModel(vocab=vocab, dim=dim, heads=heads, layers=layers, max_tokens=tokens,
-                                     expansion=expansion, backend=backend)
+                                     expansion=expansion, backend=backend, bias=bias)
     return model.to(device=device, dtype=dtype)
 
 
@@ -64,8 +64,9 @@ def test_dtype_bytes_matches_element_size_and_rejects_unknown_names():
 
 
 @pytest.mark.parametrize("dim,heads,layers,vocab,tokens,expansion", [(32, 4, 2, 100, 64, 4), (16, 2, 1, 30, 12, 2), (48, 6, 3, 7, 9, 3)])
-def test_parameter_count_matches_the_module(dim, heads, layers, vocab, tokens, expansion):
-    model = make_model(dim, heads, layers, vocab, tokens, expansion=expansion)
+@pytest.mark.parametrize("bias", [True, False])
+def test_parameter_count_matches_the_module(dim, heads, layers, vocab, tokens, expansion, bias):
+    model = make_model(dim, heads, layers, vocab, tokens, expansion=expansion, bias=bias)
     n, tensors = parameter_count(model.config)
     assert n == tinytf.count_parameters(model)
     assert tensors == len(list(model.parameters()))

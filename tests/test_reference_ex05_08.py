@@ -424,14 +424,16 @@ def test_ex08_checkpoint_judge(ex08_ns, tmp_path):
     opt = torch.optim.AdamW(model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     ex08_ns["save_checkpoint"](tmp_path / "c.pt", model, opt, sched, 7)
-    restored, ckpt = ex08_ns["load_checkpoint"](tmp_path / "c.pt", "cpu")
+    restored, _ = ex08_ns["load_checkpoint"](tmp_path / "c.pt", "cpu")
+    raw = torch.load(tmp_path / "c.pt", weights_only=True)  # the hidden test records the file's own keys and step
     ids = torch.randint(0, 9, (2, 6))
     with torch.no_grad():
-        value = {"logits": restored(ids), "keys": sorted(ckpt), "step": int(ckpt["step"]), "training": bool(restored.training)}
+        value = {"logits": restored(ids), "keys": sorted(raw), "step": raw["step"], "training": bool(restored.training)}
     inputs = {"ids": ids, "config": model.config.to_dict(), "state_dict": dict(model.state_dict())}
     _accepts("ex08_ckpt", value, inputs)
     _rejects("ex08_ckpt", {**value, "training": True}, inputs)
     _rejects("ex08_ckpt", {**value, "keys": ["config", "model", "step"]}, inputs)
+    _rejects("ex08_ckpt", {**value, "step": None}, inputs)
     _rejects("ex08_ckpt", {**value, "logits": value["logits"] + 1e-3}, inputs)
     fresh = tinytf.TinyLanguageModel(vocab=9, dim=8, heads=2, layers=1, max_tokens=6).eval()
     with torch.no_grad():
@@ -471,6 +473,18 @@ def test_ex08_diagnose(ex08_ns):
         return model.train(), ckpt
 
     assert 9 in _pitfalls(ex08.diagnose({**ex08_ns, "load_checkpoint": load_train_mode}))
+
+    def save_weights_only(path, model, optimizer, scheduler, step):
+        tinytf.save_checkpoint(path, model, step=step)  # forgets the optimizer and the scheduler
+
+    def save_a_path(path, model, optimizer, scheduler, step):  # a pickled object that weights_only=True refuses
+        torch.save({"config": model.config.to_dict(), "model": model.state_dict(), "step": step, "where": Path(path)}, path)
+
+    titles = [f.title for f in ex08.diagnose({**ex08_ns, "save_checkpoint": save_weights_only})]
+    assert titles == ["the checkpoint is incomplete"]
+    assert "scheduler" in ex08.diagnose({**ex08_ns, "save_checkpoint": save_weights_only})[0].message
+    titles = [f.title for f in ex08.diagnose({**ex08_ns, "save_checkpoint": save_a_path})]
+    assert titles == ["the checkpoint cannot be read with torch.load(weights_only=True)"]
 
     def unsorted_vocab(text):
         itos = list(dict.fromkeys(text))

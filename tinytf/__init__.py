@@ -9,6 +9,7 @@ from __future__ import annotations
 from .attention import scaled_dot_product_attention
 from .bench import BenchResult, benchmark
 from .block import TransformerBlock
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .checks import CATALOG, PITFALLS, Finding, Pitfall, diagnose_attention, diagnose_block, diagnose_causal_mask, diagnose_lm_loss, report
 from .device import describe_device, pick_device, synchronize
 from .heads import CausalSelfAttention, MultiHeadAttention
@@ -31,6 +32,9 @@ __all__ = [
     "TinyLanguageModel",
     "lm_loss",
     "train_step",
+    "Checkpoint",
+    "save_checkpoint",
+    "load_checkpoint",
     "KVCache",
     "generate",
     "pick_device",

@@ -22,9 +22,18 @@ __all__ = ["TransformerBlock", "NORMS"]
 NORMS = ("pre", "post")
 
 
+def _check_norm(norm: str) -> None:
+    if norm not in NORMS:
+        raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+
+
 class TransformerBlock(nn.Module):
     """Causal Transformer block ``[B, T, D] -> [B, T, D]`` with submodules ``norm1``, ``attn``,
-    ``norm2``, ``ffn`` (``Sequential(Linear(D, eD), GELU, Linear(eD, D))``)."""
+    ``norm2``, ``ffn`` (``Sequential(Linear(D, eD), GELU, Linear(eD, D))``).
+
+    ``bias=False`` drops the bias vectors of every Linear layer (``attn.qkv``, ``attn.proj`` and
+    the two of ``ffn``); the LayerNorms keep theirs.
+    """
 
     def __init__(
         self,
@@ -36,18 +45,18 @@ class TransformerBlock(nn.Module):
         norm: str = "pre",
         dropout: float = 0.0,
         backend: str = "explicit",
+        bias: bool = True,
     ) -> None:
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        _check_norm(norm)
         if expansion < 1:
             raise ValueError(f"expansion must be a positive integer, got {expansion}")
         self.norm_position = norm
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = CausalSelfAttention(dim, heads, max_tokens, dropout=dropout, backend=backend)
+        self.attn = CausalSelfAttention(dim, heads, max_tokens, bias=bias, dropout=dropout, backend=backend)
         self.norm2 = nn.LayerNorm(dim)
         hidden = expansion * dim
-        self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))  # D -> eD -> D
+        self.ffn = nn.Sequential(nn.Linear(dim, hidden, bias=bias), nn.GELU(), nn.Linear(hidden, dim, bias=bias))  # D -> eD -> D
         self.drop = nn.Dropout(dropout)  # on each residual branch's output
 
     def forward(

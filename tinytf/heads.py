@@ -34,6 +34,11 @@ def _check_heads(dim: int, heads: int) -> None:
         )
 
 
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head (self- or cross-) attention with a fused ``qkv`` projection and ``proj`` output.
 
@@ -48,8 +53,7 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         _check_heads(dim, heads)
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        _check_backend(backend)
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
         self.backend = backend
         self.dropout = dropout
@@ -149,12 +153,20 @@ class CausalSelfAttention(MultiHeadAttention):
     With a :class:`tinytf.KVCache` the forward computes q/k/v for the new tokens only, writes their
     k/v into the cache and attends over everything cached (an end-aligned causal mask). A decode
     step of one token with no extra mask uses the fused kernel whatever the backend (same math).
+    ``bias=False`` builds ``qkv`` and ``proj`` without bias vectors.
     """
 
     def __init__(
-        self, dim: int, heads: int, max_tokens: int, *, dropout: float = 0.0, backend: str = "explicit"
+        self,
+        dim: int,
+        heads: int,
+        max_tokens: int,
+        *,
+        bias: bool = True,
+        dropout: float = 0.0,
+        backend: str = "explicit",
     ) -> None:
-        super().__init__(dim, heads, bias=True, dropout=dropout, backend=backend)
+        super().__init__(dim, heads, bias=bias, dropout=dropout, backend=backend)
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         self.max_tokens = max_tokens

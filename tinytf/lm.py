@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .block import TransformerBlock
+from .config import ModelConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kvcache import KVCache
@@ -20,35 +22,32 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ModelConfig", "TinyLanguageModel", "lm_loss", "train_step"]
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """The numbers that fix a model's size (used by :mod:`tinytf.memory` too)."""
-
-    vocab: int = 100
-    dim: int = 32
-    heads: int = 4
-    layers: int = 2
-    max_tokens: int = 64
-    expansion: int = 4
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
 class TinyLanguageModel(nn.Module):
-    """Decoder-only LM with submodules ``token``, ``position``, ``blocks``, ``norm``, ``lm_head``."""
+    """Decoder-only LM with submodules ``token``, ``position``, ``blocks``, ``norm``, ``lm_head``.
 
-    def __init__(
-        self, vocab: int = 100, dim: int = 32, heads: int = 4, layers: int = 2, max_tokens: int = 64, **block_kwargs: Any
-    ) -> None:
+    Built from a :class:`tinytf.ModelConfig` (``TinyLanguageModel(config)``, keywords override its
+    fields), from keywords or positional sizes (``TinyLanguageModel(vocab=100, dim=32, heads=4)``,
+    ``TinyLanguageModel(100, 32, 4, 2, 64)``), or from a dict with :meth:`from_config`.
+    ``model.config`` is the full config: every block is built from it.
+    """
+
+    def __init__(self, config: ModelConfig | int | None = None, *sizes: int, **fields: Any) -> None:
         super().__init__()
-        self.config = ModelConfig(vocab, dim, heads, layers, max_tokens, block_kwargs.get("expansion", 4))
-        self.max_tokens = max_tokens
-        self.token = nn.Embedding(vocab, dim)
-        self.position = nn.Embedding(max_tokens, dim)
-        self.blocks = nn.ModuleList([TransformerBlock(dim, heads, max_tokens, **block_kwargs) for _ in range(layers)])
-        self.norm = nn.LayerNorm(dim)
-        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        c = self.config = _resolve_config(config, sizes, fields)
+        self.max_tokens = c.max_tokens
+        self.token = nn.Embedding(c.vocab, c.dim)
+        self.position = nn.Embedding(c.max_tokens, c.dim)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(c.dim, c.heads, c.max_tokens, c.expansion, norm=c.norm, dropout=c.dropout, backend=c.backend, bias=c.bias)
+            for _ in range(c.layers)
+        )
+        self.norm = nn.LayerNorm(c.dim)
+        self.lm_head = nn.Linear(c.dim, c.vocab, bias=False)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig | Mapping[str, Any]) -> TinyLanguageModel:
+        """A fresh model from a :class:`ModelConfig` or its ``to_dict()`` (missing fields: defaults)."""
+        return cls(config if isinstance(config, ModelConfig) else ModelConfig.from_dict(config))
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """ids ``[B, T]`` (int) -> logits ``[B, T, vocab]``.
@@ -72,6 +71,26 @@ class TinyLanguageModel(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, mask, cache=cache, layer=i)
         return self.lm_head(self.norm(x))  # [B, T, V]
+
+
+def _resolve_config(config: ModelConfig | int | None, sizes: tuple[int, ...], fields: dict[str, Any]) -> ModelConfig:
+    """The :class:`ModelConfig` of ``TinyLanguageModel(config, *sizes, **fields)``."""
+    if isinstance(config, ModelConfig):
+        if sizes:
+            raise ValueError(f"TinyLanguageModel(config, ...) takes its sizes from the config; got extra positional {list(sizes)}")
+        return ModelConfig.from_dict({**config.to_dict(), **fields}) if fields else config  # keywords override
+    if isinstance(config, Mapping):
+        raise ValueError("TinyLanguageModel takes a ModelConfig, not a dict: use TinyLanguageModel.from_config(d)")
+    names = [f.name for f in dataclasses.fields(ModelConfig)]
+    given = ((config,) if config is not None else ()) + sizes
+    if config is None and sizes:
+        raise ValueError("TinyLanguageModel(None, ...): pass the sizes as keywords, e.g. TinyLanguageModel(vocab=100, dim=32)")
+    if len(given) > len(names):
+        raise ValueError(f"TinyLanguageModel takes at most {len(names)} positional values ({', '.join(names)}), got {len(given)}")
+    twice = [n for n in names[: len(given)] if n in fields]
+    if twice:
+        raise ValueError(f"{twice} given both by position and by keyword")
+    return ModelConfig.from_dict({**dict(zip(names, given)), **fields})
 
 
 def lm_loss(logits: torch.Tensor, ids: torch.Tensor, *, pad_id: int | None = None) -> torch.Tensor:

@@ -80,12 +80,16 @@ def parameter_count(model_config: Any) -> tuple[int, int]:
 
     Per block: ``qkv 3D²+3D``, ``proj D²+D``, two LayerNorms ``4D``, FFN ``2·D·F + F + D`` (F = eD);
     plus token ``V·D`` and position ``T_max·D`` tables, the final LayerNorm ``2D`` and ``lm_head D·V``.
+    With ``bias=False`` the four Linear layers of a block lose their biases (``3D + D + F + D``);
+    the LayerNorms keep theirs.
     """
     c = _config_of(model_config)
     d, f = c.dim, c.expansion * c.dim
-    block = (3 * d * d + 3 * d) + (d * d + d) + 4 * d + (2 * d * f + f + d)
+    bias = getattr(c, "bias", True)
+    linear_biases = (3 * d + d + f + d) if bias else 0
+    block = (3 * d * d + d * d + 2 * d * f) + linear_biases + 4 * d
     scalars = c.vocab * d + c.max_tokens * d + c.layers * block + 2 * d + d * c.vocab
-    tensors = 12 * c.layers + 5  # 12 per block (6 weights, 6 biases) + token, position, norm w/b, lm_head
+    tensors = (12 if bias else 8) * c.layers + 5  # per block 4 Linear weights (+4 biases), 2 LayerNorms w/b; + 5 outside
     return scalars, tensors
 
 

@@ -48,7 +48,7 @@ def reference_evaluate(model: torch.nn.Module, data: torch.Tensor, block: int) -
 def _model(config: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
     from tinytf import TinyLanguageModel
 
-    model = TinyLanguageModel(**{k: int(v) for k, v in config.items()})
+    model = TinyLanguageModel.from_config(config)  # a full ModelConfig.to_dict() or only the sizes
     model.load_state_dict(state_dict, strict=True)
     return model.eval()
 
@@ -260,12 +260,22 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
         _, problem = _call("save_checkpoint", ns["save_checkpoint"], path, model, opt, sched, 3)
         if problem:
             return [problem]
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any failure to read the file is the finding
+            return [
+                Finding(
+                    0,
+                    "the checkpoint cannot be read with torch.load(weights_only=True)",
+                    f"store plain data only, e.g. with tinytf.save_checkpoint ({type(err).__name__}).",
+                )
+            ]
         res, problem = _call("load_checkpoint", ns["load_checkpoint"], path, "cpu")
         if problem:
             return [problem]
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.nn.Module)):
-        return [Finding(0, "load_checkpoint must return (model, checkpoint)", "a rebuilt TinyLanguageModel and the loaded dictionary.")]
-    restored, ckpt = res
+        return [Finding(0, "load_checkpoint must return (model, checkpoint)", "the restored TinyLanguageModel and the tinytf.Checkpoint.")]
+    restored = res[0]
     findings = []
     if restored.training:
         findings.append(Finding(9, "the restored model is in training mode", "call .eval() before using it for outputs."))
@@ -275,8 +285,12 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
             findings.append(
                 Finding(0, "the restored model gives different outputs", "save model.state_dict() and load it with strict=True.")
             )
-    if not isinstance(ckpt, dict) or {"config", "model", "optimizer", "scheduler", "step"} - set(ckpt):
-        findings.append(Finding(0, "the checkpoint is incomplete", "store config, model, optimizer, scheduler and step."))
+    missing = sorted({"config", "model", "optimizer", "scheduler", "step"} - set(raw if isinstance(raw, dict) else ()))
+    if missing:
+        hint = f"it lacks {missing}: pass the optimizer, the scheduler and step= to tinytf.save_checkpoint."
+        findings.append(Finding(0, "the checkpoint is incomplete", hint))
+    elif raw["step"] != 3:
+        findings.append(Finding(0, "the checkpoint stores the wrong step", f"store the step it was given (3), not {raw['step']!r}."))
     return findings
 
 
