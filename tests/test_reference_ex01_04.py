@@ -399,26 +399,13 @@ def _loop_seconds(module, x, repeats: int) -> float:
     return time.perf_counter() - start
 
 
-class _FirstCallSlow(nn.Module):
-    """Sleeps ``first_s`` on its first call and ``then_s`` on every later one (as the hidden test's module)."""
-
-    def __init__(self, first_s: float, then_s: float) -> None:
-        super().__init__()
-        self.calls, self.first_s, self.then_s = 0, first_s, then_s
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.first_s if self.calls == 0 else self.then_s)
-        self.calls += 1
-        return x
-
-
 def test_ex03_timing_judge_asks_whether_the_warm_calls_were_timed(reference_runs, fake_clock):
     ns, rec = reference_runs["ex03"]
     x, reps, sleep_s = torch.zeros(1, 2, 4), 8, 0.003
     inputs = {"sleep_s": sleep_s, "repeats": reps}
 
     def record(timer) -> dict:
-        steady, cold = _FirstCallSlow(sleep_s, sleep_s), _FirstCallSlow(0.5, 0.001)
+        steady, cold = ex03._Sleepy(sleep_s, sleep_s), ex03._Sleepy(0.5, 0.001)
         steady_s, cold_s = (timer(m, x, repeats=reps, warmup=2) for m in (steady, cold))
         return {"steady_s": steady_s, "cold_s": cold_s, "calls": steady.calls}
 

@@ -115,6 +115,8 @@ def _diagnose_count(fn: Any) -> list[Finding]:
 
 
 class _Sleepy(nn.Module):
+    """Sleeps ``first_s`` on its first call and ``then_s`` on every later one; counts its ``calls``."""
+
     def __init__(self, first_s: float, then_s: float) -> None:
         super().__init__()
         self.calls, self.first_s, self.then_s = 0, first_s, then_s
