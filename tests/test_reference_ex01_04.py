@@ -7,6 +7,10 @@ The instructor notebooks are the single source of truth: their solution cells ar
 - each judge rejects wrong answers (including the buggy variants ``diagnose`` targets);
 - ``diagnose`` says nothing about the reference answers and names the pitfall on buggy ones;
 - nothing crashes on unfinished stubs (functions that raise NotImplementedError).
+
+No test here reads the wall clock: the timing parts of exercise 3 (``time_forward`` and its judges
+and diagnosis, which time modules that ``time.sleep``) run on a :class:`FakeClock`, so the measured
+seconds are exact and a loaded machine cannot fail a test.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from tinytf.checks import Pitfall
 from tinytf.course import judges
 from tinytf.course.record import RECORD_ENV, load_records
 from tinytf.course.reference import ex01, ex02, ex03, ex04
@@ -33,6 +39,32 @@ NOTEBOOKS = {
 }
 # cells too slow for a unit test; the comparison runs with STEPS overridden below
 SKIP = {"ex03_table", "ex04_plot"}
+
+
+class FakeClock:
+    """A virtual clock for ``time.perf_counter`` / ``time.monotonic``: ``time.sleep(s)`` advances it by
+    exactly ``s`` and every reading by one ``tick`` (so that two readings always differ, as on a real clock)."""
+
+    def __init__(self, tick: float = 1e-6) -> None:
+        self.now, self.tick = 1000.0, tick
+
+    def read(self) -> float:
+        self.now += self.tick
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def install(self, mp: pytest.MonkeyPatch) -> FakeClock:
+        for name in ("perf_counter", "monotonic"):
+            mp.setattr(time, name, self.read)
+        mp.setattr(time, "sleep", self.sleep)
+        return self
+
+
+@pytest.fixture
+def fake_clock(monkeypatch) -> FakeClock:
+    return FakeClock().install(monkeypatch)
 
 
 def _cells(ex: str) -> list[dict]:
@@ -84,6 +116,7 @@ def reference_runs(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     """``{ex: (namespace, records)}`` from executing each instructor notebook with recording on."""
     out = {}
     with pytest.MonkeyPatch.context() as mp:
+        FakeClock().install(mp)  # ex03's hidden tests time modules that sleep: exact seconds, whatever the load
         for ex in NOTEBOOKS:
             folder = tmp_path_factory.mktemp(f"records_{ex}")
             torch.manual_seed(0)
@@ -150,7 +183,7 @@ def test_ex01_judges_reject_wrong_answers(reference_runs):
     _rejects("ex01_hand_qk", r["value"], {**r["inputs"], "q": r["inputs"]["q"] * 2})  # tampered example
     r = rec["ex01_scores"]
     q, k = r["inputs"]["q"], r["inputs"]["k"]
-    _rejects("ex01_scores", q @ k.transpose(-2, -1), r["inputs"])  # pitfall 1: no scaling
+    _rejects("ex01_scores", q @ k.transpose(-2, -1), r["inputs"])  # Pitfall.SCALE: no scaling
     _rejects("ex01_scores", q @ k.transpose(-2, -1) / q.size(-1), r["inputs"])  # 1/d
     _rejects("ex01_scores", r["value"][..., :1], r["inputs"])  # wrong shape
     _rejects("ex01_scores", "not a tensor", r["inputs"])
@@ -173,7 +206,7 @@ def test_ex02_judges_reject_wrong_answers(reference_runs):
     _rejects("ex02_mask", r["value"].float(), r["inputs"])  # not bool
     r = rec["ex02_masked_softmax"]
     s, m = r["inputs"]["scores"], r["inputs"]["mask"]
-    _rejects("ex02_masked_softmax", s.softmax(-1) * m, r["inputs"])  # pitfall 3: mask after softmax
+    _rejects("ex02_masked_softmax", s.softmax(-1) * m, r["inputs"])  # Pitfall.MASK: after the softmax
     _rejects("ex02_masked_softmax", s.masked_fill(~m, -1e4).softmax(-1) + 1e-6 * (~m), r["inputs"])  # not exactly zero
     _rejects("ex02_masked_softmax", s.masked_fill(m, float("-inf")).softmax(-1).nan_to_num(), r["inputs"])  # inverted
     r = rec["ex02_renormalise"]
@@ -234,7 +267,7 @@ def test_ex04_judges_reject_wrong_answers(reference_runs):
 # ---- diagnose: silent on the reference, names the pitfall on buggy code ----------------------------
 
 
-def _pitfalls(findings) -> list[int]:
+def _pitfalls(findings) -> list[Pitfall]:
     return [f.pitfall for f in findings]
 
 
@@ -243,7 +276,7 @@ def _titles(findings) -> str:
 
 
 @pytest.mark.parametrize("ex,mod", [("ex01", ex01), ("ex02", ex02), ("ex03", ex03), ("ex04", ex04)])
-def test_diagnose_is_silent_on_the_reference(reference_runs, ex, mod):
+def test_diagnose_is_silent_on_the_reference(reference_runs, fake_clock, ex, mod):
     ns, _ = reference_runs[ex]
     assert mod.diagnose(ns) == [], _titles(mod.diagnose(ns))
 
@@ -274,11 +307,11 @@ def test_ex01_diagnose_names_the_pitfall(reference_runs):
         return ex01.diagnose({**ns, **fns})
 
     unscaled = variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1))
-    assert 1 in _pitfalls(unscaled) and "scaling" in _titles(unscaled)
-    assert 1 in _pitfalls(variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1) / q.size(-1)))
-    assert 2 in _pitfalls(variant(scores_by_hand=lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.size(-1))))
+    assert Pitfall.SCALE in _pitfalls(unscaled) and "scaling" in _titles(unscaled)
+    assert Pitfall.SCALE in _pitfalls(variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1) / q.size(-1)))
+    assert Pitfall.ORIENTATION in _pitfalls(variant(scores_by_hand=lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.size(-1))))
     wrong_axis = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-2, keepdim=True))
-    assert 2 in _pitfalls(wrong_axis) and "sum to one" in _titles(wrong_axis)
+    assert Pitfall.ORIENTATION in _pitfalls(wrong_axis) and "sum to one" in _titles(wrong_axis)
     overflow = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-1, keepdim=True))
     assert "overflows" in _titles(overflow)
     assert "(out, weights)" in _titles(variant(attention_by_hand=lambda q, k, v: ns["attention_by_hand"](q, k, v)[0]))
@@ -294,13 +327,13 @@ def test_ex02_diagnose_names_the_pitfall(reference_runs):
         return ex02.diagnose({**ns, **fns})
 
     inverted = variant(build_padding_mask=lambda lengths, t, device=None: ~mask_fn(lengths, t, device))
-    assert 3 in _pitfalls(inverted) and "inverted" in _titles(inverted)
+    assert Pitfall.MASK in _pitfalls(inverted) and "inverted" in _titles(inverted)
     flat = variant(build_padding_mask=lambda lengths, t, device=None: mask_fn(lengths, t, device)[:, 0, 0, :])
     assert "wrong shape" in _titles(flat) and "[:, None, None, :]" in " ".join(f.message for f in flat)
     after = variant(masked_softmax=lambda s, m: s.softmax(-1) * m)
-    assert 3 in _pitfalls(after) and "after the softmax" in _titles(after)
-    assert 3 in _pitfalls(variant(masked_softmax=lambda s, m: s.masked_fill(m, float("-inf")).softmax(-1)))
-    assert 3 in _pitfalls(variant(renormalise=lambda w, m: w * m))
+    assert Pitfall.MASK in _pitfalls(after) and "after the softmax" in _titles(after)
+    assert Pitfall.MASK in _pitfalls(variant(masked_softmax=lambda s, m: s.masked_fill(m, float("-inf")).softmax(-1)))
+    assert Pitfall.MASK in _pitfalls(variant(renormalise=lambda w, m: w * m))
 
     def ignores_mask(q, k, v, mask=None):
         return (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).softmax(-1) @ v
@@ -313,13 +346,13 @@ def test_ex02_diagnose_names_the_pitfall(reference_runs):
         s = q @ k.transpose(-2, -1)
         return (s if mask is None else s.masked_fill(~mask, float("-inf"))).softmax(-1) @ v
 
-    assert 3 in _pitfalls(variant(padded_attention=ignores_mask))
-    assert 3 in _pitfalls(variant(padded_attention=mask_after))
-    assert 1 in _pitfalls(variant(padded_attention=unscaled))
+    assert Pitfall.MASK in _pitfalls(variant(padded_attention=ignores_mask))
+    assert Pitfall.MASK in _pitfalls(variant(padded_attention=mask_after))
+    assert Pitfall.SCALE in _pitfalls(variant(padded_attention=unscaled))
     assert softmax_fn is ns["masked_softmax"]
 
 
-def test_ex03_diagnose_names_the_problem(reference_runs):
+def test_ex03_diagnose_names_the_problem(reference_runs, fake_clock):
     ns, _ = reference_runs["ex03"]
 
     def variant(**fns):
@@ -330,23 +363,15 @@ def test_ex03_diagnose_names_the_problem(reference_runs):
     per_head = variant(mha_parameter_count=lambda dim, heads, bias=True: (4 * dim * dim + 4 * dim * bias) // heads)
     assert "wrong count" in _titles(per_head)
 
-    def time_total(module, x, repeats=20, warmup=3):
-        import time as _t
-        start = _t.perf_counter()
-        for _ in range(repeats):
-            module(x)
-        return _t.perf_counter() - start
-
-    def time_cold(module, x, repeats=20, warmup=3):
-        import time as _t
-        start = _t.perf_counter()
-        for _ in range(repeats):
-            module(x)
-        return (_t.perf_counter() - start) / repeats
-
-    assert 12 in _pitfalls(variant(time_forward=time_total))
-    cold = variant(time_forward=time_cold)
-    assert 12 in _pitfalls(cold) and "cold" in _titles(cold)
+    timing = {
+        "returns the total": lambda module, x, repeats=20, warmup=3: _loop_seconds(module, x, repeats),
+        "cold": lambda module, x, repeats=20, warmup=3: _loop_seconds(module, x, repeats) / repeats,
+        "milliseconds": lambda module, x, repeats=20, warmup=3: 1e3 * ns["time_forward"](module, x, repeats, warmup),
+        "measures too little": lambda module, x, repeats=20, warmup=3: _loop_seconds(module, x, 0) + 1e-6,
+    }
+    for title, timer in timing.items():
+        found = variant(time_forward=timer)
+        assert _pitfalls(found) == [Pitfall.COLD_TIMING] and title in _titles(found), (title, _titles(found))
 
     def maps(scale_by, reshape_wrong=False, axis=-1):
         def fn(mha, x):
@@ -360,10 +385,44 @@ def test_ex03_diagnose_names_the_problem(reference_runs):
             return (q @ k.transpose(-2, -1) / scale_by(mha)).softmax(axis)
         return fn
 
-    assert 1 in _pitfalls(variant(per_head_weights=maps(lambda m: 1.0)))
-    assert 1 in _pitfalls(variant(per_head_weights=maps(lambda m: math.sqrt(m.dim))))
-    assert 2 in _pitfalls(variant(per_head_weights=maps(lambda m: math.sqrt(m.head_dim), axis=-2)))
-    assert 6 in _pitfalls(variant(per_head_weights=maps(lambda m: math.sqrt(m.head_dim), reshape_wrong=True)))
+    assert Pitfall.SCALE in _pitfalls(variant(per_head_weights=maps(lambda m: 1.0)))
+    assert Pitfall.SCALE in _pitfalls(variant(per_head_weights=maps(lambda m: math.sqrt(m.dim))))
+    assert Pitfall.ORIENTATION in _pitfalls(variant(per_head_weights=maps(lambda m: math.sqrt(m.head_dim), axis=-2)))
+    assert Pitfall.VIEW_AFTER_TRANSPOSE in _pitfalls(variant(per_head_weights=maps(lambda m: math.sqrt(m.head_dim), reshape_wrong=True)))
+
+
+def _loop_seconds(module, x, repeats: int) -> float:
+    """A naive timer: one clock reading around ``repeats`` calls, no warm-up (what students often write)."""
+    start = time.perf_counter()
+    for _ in range(repeats):
+        module(x)
+    return time.perf_counter() - start
+
+
+def test_ex03_timing_judge_asks_whether_the_warm_calls_were_timed(reference_runs, fake_clock):
+    ns, rec = reference_runs["ex03"]
+    x, reps, sleep_s = torch.zeros(1, 2, 4), 8, 0.003
+    inputs = {"sleep_s": sleep_s, "repeats": reps}
+
+    def record(timer) -> dict:
+        steady, cold = ex03._Sleepy(sleep_s, sleep_s), ex03._Sleepy(0.5, 0.001)
+        steady_s, cold_s = (timer(m, x, repeats=reps, warmup=2) for m in (steady, cold))
+        return {"steady_s": steady_s, "cold_s": cold_s, "calls": steady.calls}
+
+    good = record(ns["time_forward"])
+    assert good["steady_s"] == pytest.approx(sleep_s, abs=1e-5) and good["cold_s"] == pytest.approx(0.001, abs=1e-5)
+    ok, msg = judges.run_judge("ex03_timing", good, inputs)
+    assert ok, msg
+    assert rec["ex03_timing"]["value"]["cold_s"] == pytest.approx(0.001, abs=1e-5)  # the notebook's own run, on the same clock
+
+    def mean_with_cold_call(module, x, repeats=20, warmup=3):  # no warm-up: the slow first call is timed
+        return _loop_seconds(module, x, repeats) / repeats
+
+    def warmup_timed_too(module, x, repeats=20, warmup=3):  # warm-up calls inside the timed loop
+        return _loop_seconds(module, x, warmup + repeats) / (warmup + repeats)
+
+    assert "slow first call" in _rejects("ex03_timing", record(mean_with_cold_call), inputs)
+    assert "slow first call" in _rejects("ex03_timing", record(warmup_timed_too), inputs)
 
 
 def test_ex04_diagnose_names_the_problem(reference_runs):
@@ -383,7 +442,7 @@ def test_ex04_diagnose_names_the_problem(reference_runs):
             super().__init__(dim, heads, max_tokens, expansion)
             self.attn = tinytf.MultiHeadAttention(dim, heads)
 
-    class BatchNormPost(post_cls):  # pitfall 7
+    class BatchNormPost(post_cls):  # Pitfall.BATCH_NORM
         def __init__(self, dim, heads, max_tokens, expansion=4):
             super().__init__(dim, heads, max_tokens, expansion)
             self.norm1, self.norm2 = _BatchNormLast(dim), _BatchNormLast(dim)
@@ -396,9 +455,9 @@ def test_ex04_diagnose_names_the_problem(reference_runs):
 
     assert "computes the pre-norm layout" in _titles(variant(PostNormBlock=PostIsPre))
     assert "computes the post-norm layout" in _titles(variant(PreNormBlock=PreIsPost))
-    assert 4 in _pitfalls(variant(PostNormBlock=LeakyPost))
+    assert Pitfall.CAUSAL_OFF_BY_ONE in _pitfalls(variant(PostNormBlock=LeakyPost))
     bn = variant(PostNormBlock=BatchNormPost)
-    assert 7 in _pitfalls(bn) and "parameter names" in _titles(bn)
+    assert Pitfall.BATCH_NORM in _pitfalls(bn) and "parameter names" in _titles(bn)
 
     train = ns["train_curve"]
 
@@ -411,7 +470,7 @@ def test_ex04_diagnose_names_the_problem(reference_runs):
 
 
 class _BatchNormLast(nn.Module):
-    """BatchNorm over the feature axis of [B, T, D]: statistics across the batch (pitfall 7)."""
+    """BatchNorm over the feature axis of [B, T, D]: statistics across the batch (Pitfall.BATCH_NORM)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import tinytf
+from tinytf.checks import Pitfall
 from tinytf.course.judges import JUDGES, load_all, run_judge
 from tinytf.course.record import RECORD_ENV, load_records
 from tinytf.course.reference import ex05, ex06, ex07, ex08
@@ -66,7 +67,7 @@ def _rejects(gid: str, value, inputs) -> str:
     return msg
 
 
-def _pitfalls(findings) -> list[int]:
+def _pitfalls(findings) -> list[Pitfall]:
     return [f.pitfall for f in findings]
 
 
@@ -151,7 +152,7 @@ def test_ex05_diagnose_silent_on_solution_and_names_pitfalls(ex05_ns):
         return scores.softmax(-1) @ v
 
     ns["attention"] = unscaled
-    assert 1 in _pitfalls(ex05.diagnose(ns))
+    assert Pitfall.SCALE in _pitfalls(ex05.diagnose(ns))
 
     ns = dict(ex05_ns)
 
@@ -170,7 +171,7 @@ def test_ex05_diagnose_silent_on_solution_and_names_pitfalls(ex05_ns):
 
     ns["CrossAttention"] = NoMask
     found = ex05.diagnose(ns)
-    assert [f.pitfall for f in found] == [3] and "mask" in found[0].title
+    assert _pitfalls(found) == [Pitfall.MASK] and "mask" in found[0].title
 
     ns = dict(ex05_ns)
 
@@ -181,7 +182,7 @@ def test_ex05_diagnose_silent_on_solution_and_names_pitfalls(ex05_ns):
         return {"encoder_effect": float(d), "padding_leak": float(d)}
 
     ns["probe_encoder_decoder"] = probe_everything
-    assert 3 in _pitfalls(ex05.diagnose(ns))
+    assert Pitfall.MASK in _pitfalls(ex05.diagnose(ns))
     del ns["probe_encoder_decoder"]
     assert any(f.title == "probe_encoder_decoder is missing" for f in ex05.diagnose(ns))
 
@@ -257,7 +258,7 @@ def test_ex06_diagnose(ex06_ns):
         res["conditions"] = {}
         return res
 
-    assert 12 in _pitfalls(ex06.diagnose({**ex06_ns, "benchmark_attention": no_conditions}))
+    assert Pitfall.COLD_TIMING in _pitfalls(ex06.diagnose({**ex06_ns, "benchmark_attention": no_conditions}))
 
 
 # ---- exercise 7 ---------------------------------------------------------------------------------
@@ -311,8 +312,8 @@ def test_ex07_diagnose(ex07_ns):
                 self.v[layer] = torch.cat([self.v[layer], v_new], dim=-1)
             return self.k[layer], self.v[layer]
 
-    assert _pitfalls(ex07.diagnose({**ex07_ns, "SimpleKVCache": OnlyNew})) == [11]
-    assert _pitfalls(ex07.diagnose({**ex07_ns, "SimpleKVCache": WrongAxis})) == [2]
+    assert _pitfalls(ex07.diagnose({**ex07_ns, "SimpleKVCache": OnlyNew})) == [Pitfall.KV_CACHE]
+    assert _pitfalls(ex07.diagnose({**ex07_ns, "SimpleKVCache": WrongAxis})) == [Pitfall.ORIENTATION]
 
     import math as _m
 
@@ -329,9 +330,9 @@ def test_ex07_diagnose(ex07_ns):
 
     assert ex07.diagnose({**ex07_ns, "attention_step": step}) == []
     no_mask = ex07.diagnose({**ex07_ns, "attention_step": lambda *a: step(*a, aligned="none")})
-    assert _pitfalls(no_mask) == [4] and "future" in no_mask[0].title
+    assert _pitfalls(no_mask) == [Pitfall.CAUSAL_OFF_BY_ONE] and "future" in no_mask[0].title
     start = ex07.diagnose({**ex07_ns, "attention_step": lambda *a: step(*a, aligned="start")})
-    assert _pitfalls(start) == [4] and "END-aligned" in start[0].message
+    assert _pitfalls(start) == [Pitfall.CAUSAL_OFF_BY_ONE] and "END-aligned" in start[0].message
 
     @torch.no_grad()
     def whole_prefix(model, prompt, cache):
@@ -342,7 +343,7 @@ def test_ex07_diagnose(ex07_ns):
         return torch.cat([ids, logits2.argmax(-1, keepdim=True)], 1), torch.stack([logits1, logits2], 1)
 
     found = ex07.diagnose({**ex07_ns, "generate_two_step": whole_prefix})
-    assert _pitfalls(found) == [11]
+    assert _pitfalls(found) == [Pitfall.KV_CACHE]
 
 
 # ---- exercise 8 ---------------------------------------------------------------------------------
@@ -450,8 +451,8 @@ def test_ex08_diagnose(ex08_ns):
     def counts_pad(logits, ids, pad_id=None):
         return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
 
-    assert 13 in _pitfalls(ex08.diagnose({**ex08_ns, "next_char_loss": unshifted}))
-    assert 14 in _pitfalls(ex08.diagnose({**ex08_ns, "next_char_loss": counts_pad}))
+    assert Pitfall.UNSHIFTED_TARGETS in _pitfalls(ex08.diagnose({**ex08_ns, "next_char_loss": unshifted}))
+    assert Pitfall.PADDING_IN_LOSS in _pitfalls(ex08.diagnose({**ex08_ns, "next_char_loss": counts_pad}))
 
     def stub(*args, **kwargs):
         raise NotImplementedError()
@@ -472,7 +473,7 @@ def test_ex08_diagnose(ex08_ns):
         model, ckpt = load(path, device)
         return model.train(), ckpt
 
-    assert 9 in _pitfalls(ex08.diagnose({**ex08_ns, "load_checkpoint": load_train_mode}))
+    assert Pitfall.TRAIN_EVAL in _pitfalls(ex08.diagnose({**ex08_ns, "load_checkpoint": load_train_mode}))
 
     def save_weights_only(path, model, optimizer, scheduler, step):
         tinytf.save_checkpoint(path, model, step=step)  # forgets the optimizer and the scheduler

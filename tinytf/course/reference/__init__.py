@@ -2,42 +2,66 @@
 
 ``tinytf/course/reference/exNN.py`` holds, for exercise NN:
 - judges: ``@judge("exNN_…")`` functions (see :mod:`tinytf.course.judges`) that recompute the
-  reference from the inputs a hidden test exported with :func:`tinytf.course.record.record`;
+  reference from the inputs a hidden test exported with :func:`tinytf.course.record.record`,
+  checked with the shared validators of :mod:`tinytf.course.reference.validators`;
 - ``diagnose(namespace: dict) -> list[tinytf.checks.Finding]`` (optional): run the
   :mod:`tinytf.checks` detectors on the student's functions found in ``namespace`` and say which
-  pitfall is wrong, in plain language.
+  pitfall is wrong, in plain language. :func:`check_parts` runs one check per student object and
+  :func:`call_student` calls the student's code, so that neither a missing name nor a crash escapes.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from tinytf.checks import Finding, Pitfall
+
+__all__ = ["EXERCISES", "call_student", "check_parts", "not_implemented", "stub_or"]
 
 EXERCISES = ("ex01", "ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08")
 
 
-def call_student(name: str, fn, *args, **kwargs):
+def not_implemented(name: str) -> Finding:
+    """The finding for a student's ``name`` that still raises ``NotImplementedError``."""
+    return Finding(Pitfall.GENERAL, f"{name} is not implemented yet",
+                   f"{name} still raises NotImplementedError: replace that line with your code.")
+
+
+def call_student(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Finding | None]:
     """``(fn(*args, **kwargs), None)``, or ``(None, Finding)`` saying that the student's ``name`` is
     not implemented yet or raised; never raises (a student's bug becomes a message)."""
-    from tinytf.checks import Finding
-
     try:
         return fn(*args, **kwargs), None
     except NotImplementedError:
-        return None, Finding(0, f"{name} is not implemented yet",
-                             f"{name} still raises NotImplementedError: replace that line with your code.")
+        return None, not_implemented(name)
     except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
-        return None, Finding(0, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+        return None, Finding(Pitfall.GENERAL, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
 
 
-def check_parts(namespace: dict, parts) -> list:
+def stub_or(name: str, findings: list[Finding]) -> list[Finding]:
+    """A :mod:`tinytf.checks` detector's ``findings`` about the student's ``name``; when they say the
+    code raised ``NotImplementedError``, the one "not implemented yet" finding instead."""
+    if any("NotImplementedError" in f.message for f in findings):
+        return [not_implemented(name)]
+    return findings
+
+
+def check_parts(namespace: dict[str, Any], parts: Iterable[tuple[str | Sequence[str], Callable[..., list[Finding]]]]) -> list[Finding]:
     """Run ``check(obj) -> list[Finding]`` on each student object ``namespace[name]`` of
-    ``parts = [(name, check), ...]``: a missing name or a check that crashes becomes a Finding; never raises."""
-    from tinytf.checks import Finding
-
-    findings: list = []
-    for name, check in parts:
-        obj = namespace.get(name)
-        if not callable(obj):
-            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
+    ``parts = [(name, check), ...]``; with a tuple of names, ``check(*objs)`` runs once all of them
+    are defined. A missing name or a check that crashes becomes a Finding; never raises."""
+    findings: list[Finding] = []
+    for names, check in parts:
+        names = (names,) if isinstance(names, str) else tuple(names)
+        objs = [namespace.get(name) for name in names]
+        missing = [name for name, obj in zip(names, objs) if not callable(obj)]
+        findings.extend(Finding(Pitfall.GENERAL, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature).")
+                        for name in missing)
+        if missing:
             continue
         try:
-            findings.extend(check(obj))
+            findings.extend(check(*objs))
         except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
-            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
+            findings.append(Finding(Pitfall.GENERAL, f"{names[0]} could not be checked", f"{type(err).__name__}: {err}"))
     return findings

@@ -14,8 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from tinytf.checks import Finding, Pitfall
+
 from ..judges import judge
 from . import call_student, check_parts
+from .validators import close, has_keys, seconds, shape_of
 
 __all__ = ["reference_parameter_count", "reference_head_weights", "diagnose"]
 
@@ -40,12 +43,6 @@ def reference_head_weights(x: torch.Tensor, heads: int, qkv_weight: torch.Tensor
         return mha(x.float(), return_weights=True)[1]
 
 
-def _finite_seconds(value: Any, what: str) -> float:
-    assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{what} must be a number of seconds"
-    assert math.isfinite(value) and value > 0, f"{what} must be a positive, finite number of seconds"
-    return float(value)
-
-
 # ---- judges ---------------------------------------------------------------------------------------
 
 
@@ -59,9 +56,9 @@ def _judge_param_count(value: Any, cases: list) -> None:
 
 @judge("ex03_timing")
 def _judge_timing(value: Any, sleep_s: float, repeats: int) -> None:
-    assert isinstance(value, dict) and {"steady_s", "cold_s", "calls"} <= set(value), "the timing record is incomplete"
-    steady = _finite_seconds(value["steady_s"], "time_forward")
-    cold = _finite_seconds(value["cold_s"], "time_forward (slow first call)")
+    has_keys(value, ("steady_s", "cold_s", "calls"), "the timing record")
+    steady = seconds(value["steady_s"], "time_forward")
+    cold = seconds(value["cold_s"], "time_forward (slow first call)")
     assert int(value["calls"]) >= int(repeats), "time_forward must call the module at least `repeats` times"
     assert 0.9 * sleep_s <= steady < 20 * sleep_s + 0.05, "time_forward: implausible seconds per call"
     assert cold < 0.04, "time_forward: a slow first call dominates the result (warm up, take the median)"
@@ -73,7 +70,7 @@ def _judge_head_maps(value: Any, x: torch.Tensor, heads: int, qkv_weight: torch.
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), (
         f"per_head_weights must return [B, H, T, T] = {list(expected.shape)}"
     )
-    assert torch.allclose(value.float(), expected, atol=1e-5, rtol=1e-4), "per_head_weights differs from the reference"
+    close(value, expected, "per_head_weights")
 
 
 @judge("ex03_results")
@@ -82,9 +79,9 @@ def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor) -> None:
     b, t, _ = x.shape
     for h in heads:
         r = value[str(h)]
-        assert isinstance(r, dict) and {"params", "time_s", "weights"} <= set(r), f"results[{h}] is incomplete"
+        has_keys(r, ("params", "time_s", "weights"), f"results[{h}]")
         assert r["params"] == reference_parameter_count(int(dim), int(h)), f"results[{h}]['params'] is wrong"
-        assert _finite_seconds(r["time_s"], f"results[{h}]['time_s']") < 1.0, f"results[{h}]['time_s'] is implausible"
+        assert seconds(r["time_s"], f"results[{h}]['time_s']") < 1.0, f"results[{h}]['time_s'] is implausible"
         w = r["weights"]
         assert isinstance(w, torch.Tensor) and tuple(w.shape) == (b, int(h), t, t), f"results[{h}]['weights'] must be [B, {h}, T, T]"
         assert bool(torch.isfinite(w).all()) and torch.allclose(w.sum(-1), torch.ones(b, int(h), t), atol=1e-4), (
@@ -95,13 +92,10 @@ def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor) -> None:
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-_call = call_student  # shared: tinytf.course.reference.call_student
-
-
-def _diagnose_count(fn: Any, Finding: Any) -> list[Any]:
+def _diagnose_count(fn: Any) -> list[Finding]:
     cases = [(16, 1, True), (16, 4, True), (24, 2, False), (32, 8, True)]
     for dim, heads, bias in cases:
-        n, problem = _call("mha_parameter_count", fn, dim, heads, bias=bias)
+        n, problem = call_student("mha_parameter_count", fn, dim, heads, bias=bias)
         if problem:
             return [problem]
         want = reference_parameter_count(dim, heads, bias)
@@ -115,12 +109,14 @@ def _diagnose_count(fn: Any, Finding: Any) -> list[Any]:
                                                                  "the D x 3D projection, each uses a slice of it.",
         }
         hint = hints.get(n, "count qkv: weight [3D, D] + bias [3D], and proj: weight [D, D] + bias [D].")
-        return [Finding(0, "mha_parameter_count gives a wrong count",
+        return [Finding(Pitfall.GENERAL, "mha_parameter_count gives a wrong count",
                         f"dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}; {hint}")]
     return []
 
 
 class _Sleepy(nn.Module):
+    """Sleeps ``first_s`` on its first call and ``then_s`` on every later one; counts its ``calls``."""
+
     def __init__(self, first_s: float, then_s: float) -> None:
         super().__init__()
         self.calls, self.first_s, self.then_s = 0, first_s, then_s
@@ -131,32 +127,33 @@ class _Sleepy(nn.Module):
         return x
 
 
-def _diagnose_timing(fn: Any, Finding: Any) -> list[Any]:
+def _diagnose_timing(fn: Any) -> list[Finding]:
     x = torch.zeros(1, 2, 4)
-    steady, problem = _call("time_forward", fn, _Sleepy(0.003, 0.003), x, repeats=12, warmup=1)
+    steady, problem = call_student("time_forward", fn, _Sleepy(0.003, 0.003), x, repeats=12, warmup=1)
     if problem:
         return [problem]
     if not isinstance(steady, float) or not math.isfinite(steady) or steady <= 0:
-        return [Finding(0, "time_forward must return a positive float", f"got {steady!r}; return seconds per call.")]
+        return [Finding(Pitfall.GENERAL, "time_forward must return a positive float", f"got {steady!r}; return seconds per call.")]
     if 2.5 <= steady <= 60:
-        return [Finding(12, "time_forward returns milliseconds", "return seconds (time.perf_counter() differences) per call.")]
+        return [Finding(Pitfall.COLD_TIMING, "time_forward returns milliseconds",
+                        "return seconds (time.perf_counter() differences) per call.")]
     if steady > 0.03:
-        return [Finding(12, "time_forward returns the total, not the time per call",
+        return [Finding(Pitfall.COLD_TIMING, "time_forward returns the total, not the time per call",
                         f"a module that sleeps 3 ms per call measured {steady:.4f} s: take the median of the per-call times.")]
     if steady < 0.0027:
-        return [Finding(12, "time_forward measures too little",
+        return [Finding(Pitfall.COLD_TIMING, "time_forward measures too little",
                         f"a module that sleeps 3 ms per call measured {steady * 1e3:.2f} ms: time each call (and synchronise).")]
-    cold, problem = _call("time_forward", fn, _Sleepy(0.2, 0.001), x, repeats=5, warmup=1)
+    cold, problem = call_student("time_forward", fn, _Sleepy(0.2, 0.001), x, repeats=5, warmup=1)
     if problem:
         return [problem]
     if isinstance(cold, float) and cold > 0.03:
-        return [Finding(12, "the first (cold) call dominates time_forward",
+        return [Finding(Pitfall.COLD_TIMING, "the first (cold) call dominates time_forward",
                         "a module whose first call takes 200 ms and later ones 1 ms measured "
                         f"{cold * 1e3:.1f} ms per call: run `warmup` untimed calls first and report the median.")]
     return []
 
 
-def _diagnose_maps(fn: Any, Finding: Any) -> list[Any]:
+def _diagnose_maps(fn: Any) -> list[Finding]:
     from tinytf import MultiHeadAttention
 
     g = torch.Generator().manual_seed(3)
@@ -165,13 +162,13 @@ def _diagnose_maps(fn: Any, Finding: Any) -> list[Any]:
         mha = MultiHeadAttention(24, 4)
     x = torch.randn(2, 5, 24, generator=g) * 2
     with torch.no_grad():
-        w, problem = _call("per_head_weights", fn, mha, x)
+        w, problem = call_student("per_head_weights", fn, mha, x)
         if problem:
             return [problem]
         ref = mha(x, return_weights=True)[1]
         if not isinstance(w, torch.Tensor) or tuple(w.shape) != tuple(ref.shape):
-            got = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
-            return [Finding(2, "per_head_weights returns the wrong shape", f"expected [B, H, T, T] = {list(ref.shape)}, got {got}.")]
+            return [Finding(Pitfall.ORIENTATION, "per_head_weights returns the wrong shape",
+                            f"expected [B, H, T, T] = {list(ref.shape)}, got {shape_of(w)}.")]
         if torch.allclose(w, ref, atol=1e-5):
             return []
         q, k, _ = mha.qkv(x).chunk(3, dim=-1)
@@ -180,28 +177,24 @@ def _diagnose_maps(fn: Any, Finding: Any) -> list[Any]:
         kh = k.view(b, t, h, d // h).transpose(1, 2)
         raw = qh @ kh.transpose(-2, -1)
         variants = [
-            (raw.softmax(-1), 1, "missing scaling", "divide the scores by sqrt(d_head) = sqrt(mha.head_dim)."),
-            ((raw / math.sqrt(d)).softmax(-1), 1, "scaled by the model width",
+            (raw.softmax(-1), Pitfall.SCALE, "missing scaling", "divide the scores by sqrt(d_head) = sqrt(mha.head_dim)."),
+            ((raw / math.sqrt(d)).softmax(-1), Pitfall.SCALE, "scaled by the model width",
              "scale by 1/sqrt(d_head) (one head's width), not 1/sqrt(D)."),
-            ((raw / math.sqrt(d // h)).softmax(-2), 2, "softmax over the wrong axis",
+            ((raw / math.sqrt(d // h)).softmax(-2), Pitfall.ORIENTATION, "softmax over the wrong axis",
              "normalise over the keys, the last axis: softmax(dim=-1)."),
-            ((q.reshape(b, h, t, d // h) @ k.reshape(b, h, t, d // h).transpose(-2, -1) / math.sqrt(d // h)).softmax(-1), 6,
-             "heads split with the wrong reshape",
+            ((q.reshape(b, h, t, d // h) @ k.reshape(b, h, t, d // h).transpose(-2, -1) / math.sqrt(d // h)).softmax(-1),
+             Pitfall.VIEW_AFTER_TRANSPOSE,             "heads split with the wrong reshape",
              "[B, T, D] -> [B, H, T, d_head] needs view(B, T, H, d_head).transpose(1, 2); view(B, H, T, d_head) mixes tokens "
              "and channels."),
         ]
         for cand, pitfall, title, msg in variants:
             if torch.allclose(w, cand, atol=1e-5):
                 return [Finding(pitfall, f"per_head_weights: {title}", msg)]
-        return [Finding(0, "per_head_weights gives wrong weights",
+        return [Finding(Pitfall.GENERAL, "per_head_weights gives wrong weights",
                         "compare with mha(x, return_weights=True)[1] on a small x; print each intermediate shape.")]
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Any]:
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex03 functions in ``namespace`` (empty when all look right); never raises."""
-    from tinytf.checks import Finding
-
-    findings: list[Any] = []
-    parts = (("mha_parameter_count", _diagnose_count), ("time_forward", _diagnose_timing), ("per_head_weights", _diagnose_maps))
-    findings.extend(check_parts(namespace, [(name, lambda fn, c=check: c(fn, Finding)) for name, check in parts]))
-    return findings
+    return check_parts(namespace, [("mha_parameter_count", _diagnose_count), ("time_forward", _diagnose_timing),
+                                   ("per_head_weights", _diagnose_maps)])

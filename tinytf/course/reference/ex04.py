@@ -12,7 +12,11 @@ from typing import Any
 
 import torch
 
+from tinytf.checks import Finding, Pitfall
+
 from ..judges import judge
+from . import call_student, check_parts
+from .validators import close, has_keys, number, tensor
 
 __all__ = ["reference_block_output", "same_curve", "diagnose"]
 
@@ -35,13 +39,13 @@ def same_curve(a: dict, b: dict, rel_tol: float = 1e-4) -> bool:
 
 
 def _curve(c: Any, steps: int, what: str) -> dict[str, list[float]]:
-    assert isinstance(c, dict) and {"loss", "grad_norm"} <= set(c), f"{what} must hold 'loss' and 'grad_norm'"
+    """A training curve ``{"loss": [...], "grad_norm": [...]}``: one finite non-negative number per step."""
+    has_keys(c, ("loss", "grad_norm"), what)
     for key in ("loss", "grad_norm"):
         values = c[key]
         assert isinstance(values, list) and len(values) == int(steps), f"{what}['{key}'] must have one value per step ({steps})"
-        assert all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values), (
-            f"{what}['{key}'] must hold finite non-negative numbers"
-        )
+        for step, v in enumerate(values):
+            number(v, f"{what}['{key}'][{step}]")
     return c
 
 
@@ -52,7 +56,7 @@ def _judge_block(value: Any, x: torch.Tensor, state: dict, dim: int, heads: int,
     expected = reference_block_output(x, state, dim, heads, max_tokens, expansion, norm)
     name = "PreNormBlock" if norm == "pre" else "PostNormBlock"
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), f"{name} must map [B, T, D] to [B, T, D]"
-    assert torch.allclose(value.float(), expected, atol=1e-5, rtol=1e-4), f"{name} differs from tinytf.TransformerBlock(norm='{norm}')"
+    close(tensor(value, expected.shape, name), expected, name, reference=f"tinytf.TransformerBlock(norm='{norm}')")
 
 
 @judge("ex04_pre_block")
@@ -69,7 +73,7 @@ def _judge_post(value: Any, **inputs: Any) -> None:
 
 @judge("ex04_train")
 def _judge_train(value: Any, steps: int, seed: int, vocab: int, layers: int, factory_calls: int) -> None:
-    assert isinstance(value, dict) and {"first", "second"} <= set(value), "the training record is incomplete"
+    has_keys(value, ("first", "second"), "the training record")
     first = _curve(value["first"], steps, "train_curve(...)")
     second = _curve(value["second"], steps, "train_curve(...) repeated")
     assert same_curve(first, second), "train_curve is not reproducible from its seed"
@@ -92,24 +96,14 @@ def _judge_comparison(value: Any, steps: int, vocab: int, lrs: list) -> None:
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-def _build(name: str, cls: Any, Finding: Any, *args: Any) -> tuple[Any, Any]:
-    try:
-        return cls(*args), None
-    except NotImplementedError:
-        return None, Finding(0, f"{name} is not implemented yet",
-                             f"{name} still raises NotImplementedError: replace that line with your code.")
-    except Exception as err:  # noqa: BLE001
-        return None, Finding(0, f"{name}(...) raises {type(err).__name__}", f"building {name}{args} raised {type(err).__name__}: {err}")
-
-
-def _diagnose_block(name: str, cls: Any, norm: str, Finding: Any) -> list[Any]:
+def _diagnose_block(name: str, cls: Any, norm: str) -> list[Finding]:
     from tinytf import TransformerBlock
     from tinytf.checks import diagnose_block
 
     dim, heads, tokens = 16, 4, 8
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        block, problem = _build(name, cls, Finding, dim, heads, tokens)
+        block, problem = call_student(name, cls, dim, heads, tokens)
         if problem:
             return [problem]
         ref = TransformerBlock(dim, heads, tokens, norm=norm)
@@ -121,7 +115,7 @@ def _diagnose_block(name: str, cls: Any, norm: str, Finding: Any) -> list[Any]:
     if mine != want:
         missing = [k for k in want if k not in mine]
         extra = [k for k in mine if k not in want]
-        findings.append(Finding(0, f"{name}: parameter names differ from tinytf.TransformerBlock",
+        findings.append(Finding(Pitfall.GENERAL, f"{name}: parameter names differ from tinytf.TransformerBlock",
                                 f"missing {missing or 'none'}, unexpected {extra or 'none'}; use the submodules norm1, attn "
                                 "(tinytf.CausalSelfAttention), norm2, ffn (Sequential(Linear, GELU, Linear))."))
     if findings:
@@ -136,63 +130,47 @@ def _diagnose_block(name: str, cls: Any, norm: str, Finding: Any) -> list[Any]:
             other_ref.load_state_dict(ref.state_dict())
             other_y = other_ref(x)
     except Exception as err:  # noqa: BLE001
-        return [Finding(0, f"{name} raises when run", f"{type(err).__name__}: {err}")]
+        return [Finding(Pitfall.GENERAL, f"{name} raises when run", f"{type(err).__name__}: {err}")]
     if torch.allclose(y, want_y, atol=1e-5):
         return []
     if torch.allclose(y, other_y, atol=1e-5):
-        return [Finding(0, f"{name} computes the {other}-norm layout",
+        return [Finding(Pitfall.GENERAL, f"{name} computes the {other}-norm layout",
                         f"with tinytf's weights it matches TransformerBlock(norm='{other}'). {name} must compute "
                         + ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))." if norm == "pre"
                            else "x = norm1(x + attn(x)); x = norm2(x + ffn(x))."))]
-    return [Finding(0, f"{name} differs from tinytf.TransformerBlock(norm='{norm}')",
+    return [Finding(Pitfall.GENERAL, f"{name} differs from tinytf.TransformerBlock(norm='{norm}')",
                     "load that block's state_dict into yours and compare the outputs step by step (attn, ffn, norms).")]
 
 
-def _diagnose_train(fn: Any, Finding: Any) -> list[Any]:
+def _diagnose_train(fn: Any) -> list[Finding]:
     from tinytf import TransformerBlock
 
     def factory() -> torch.nn.Module:
         return TransformerBlock(32, 4, 16)
 
-    try:
-        with torch.random.fork_rng(devices=[]):
-            a = fn(factory, steps=2, lr=1e-3, seed=3)
-            b = fn(factory, steps=2, lr=1e-3, seed=3)
-    except NotImplementedError:
-        return [Finding(0, "train_curve is not implemented yet", "train_curve still raises NotImplementedError.")]
-    except Exception as err:  # noqa: BLE001
-        return [Finding(0, f"train_curve raises {type(err).__name__}", f"train_curve(factory, steps=2, lr=1e-3, seed=3) raised: {err}")]
+    with torch.random.fork_rng(devices=[]):
+        a, problem = call_student("train_curve", fn, factory, steps=2, lr=1e-3, seed=3)
+        if problem:
+            return [problem]
+        b, problem = call_student("train_curve", fn, factory, steps=2, lr=1e-3, seed=3)
+        if problem:
+            return [problem]
     try:
         _curve(a, 2, "train_curve(...)")
     except AssertionError as err:
-        return [Finding(0, "train_curve returns the wrong structure", f"{err}; return {{'loss': [...], 'grad_norm': [...]}}.")]
+        return [Finding(Pitfall.GENERAL, "train_curve returns the wrong structure",
+                        f"{err}; return {{'loss': [...], 'grad_norm': [...]}}.")]
     if not same_curve(a, b):
-        return [Finding(0, "train_curve is not reproducible",
+        return [Finding(Pitfall.GENERAL, "train_curve is not reproducible",
                         "two runs with the same seed differ: call torch.manual_seed(seed) before building the model and draw "
                         "the batches from torch.Generator().manual_seed(seed).")]
     return []
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Any]:
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex04 code in ``namespace`` (empty when all looks right); never raises."""
-    from tinytf.checks import Finding
-
-    findings: list[Any] = []
-    for name, norm in (("PreNormBlock", "pre"), ("PostNormBlock", "post")):
-        cls = namespace.get(name)
-        if not callable(cls):
-            findings.append(Finding(0, f"{name} is missing", f"Define the class {name} in the notebook."))
-            continue
-        try:
-            findings.extend(_diagnose_block(name, cls, norm, Finding))
-        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
-            findings.append(Finding(0, f"{name} could not be checked", f"{type(err).__name__}: {err}"))
-    fn = namespace.get("train_curve")
-    if not callable(fn):
-        findings.append(Finding(0, "train_curve is missing", "Define train_curve(block_factory, *, steps, lr, seed)."))
-    else:
-        try:
-            findings.extend(_diagnose_train(fn, Finding))
-        except Exception as err:  # noqa: BLE001
-            findings.append(Finding(0, "train_curve could not be checked", f"{type(err).__name__}: {err}"))
-    return findings
+    return check_parts(namespace, [
+        ("PreNormBlock", lambda cls: _diagnose_block("PreNormBlock", cls, "pre")),
+        ("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post")),
+        ("train_curve", _diagnose_train),
+    ])

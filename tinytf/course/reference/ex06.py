@@ -9,15 +9,17 @@ structure and plausibility; the saved bytes are deterministic on a CPU and are r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from tinytf.checks import Finding, Pitfall
+
 from ..judges import judge
 from . import call_student, check_parts
+from .validators import has_keys, positive
 
 __all__ = ["reference_saved_bytes", "diagnose"]
 
@@ -54,15 +56,9 @@ def _qkv(b: int, h: int, t: int, d: int) -> list[torch.Tensor]:
     return [torch.randn(b, h, t, d, generator=g).requires_grad_() for _ in range(3)]
 
 
-def _positive(x: Any, what: str) -> float:
-    assert isinstance(x, (int, float)) and not isinstance(x, bool), f"{what} must be a number, got {type(x).__name__}"
-    assert math.isfinite(x) and x > 0, f"{what} must be a positive finite number, got {x}"
-    return float(x)
-
-
 def _rows(results: Any, ts: list[int], what: str) -> dict[str, dict[int, dict[str, float]]]:
     """Check the structure of a benchmark_attention result (keys may be ints or, after export, strings)."""
-    assert isinstance(results, dict) and {"explicit", "sdpa"} <= set(results), f"{what}: expected the keys 'explicit' and 'sdpa'"
+    has_keys(results, ("explicit", "sdpa"), what)
     out: dict[str, dict[int, dict[str, float]]] = {}
     for name in ("explicit", "sdpa"):
         table = results[name]
@@ -72,7 +68,7 @@ def _rows(results: Any, ts: list[int], what: str) -> dict[str, dict[int, dict[st
         out[name] = {}
         for t, row in by_t.items():
             assert isinstance(row, dict), f"{what}: {name} T={t} must be a dict"
-            out[name][t] = {key: _positive(row.get(key), f"{what}: {name} T={t} {key}") for key in ROW_KEYS}
+            out[name][t] = {key: positive(row.get(key), f"{what}: {name} T={t} {key}") for key in ROW_KEYS}
     return out
 
 
@@ -86,7 +82,7 @@ def _growth(rows: dict[int, dict[str, float]], key: str) -> list[float]:
 
 @judge("ex06_saved")
 def _judge_saved(value: Any, batch: int, heads: int, tokens: int, head_dim: int) -> None:
-    assert isinstance(value, dict) and {"explicit", "explicit_causal", "sdpa", "exp"} <= set(value), "incomplete record"
+    has_keys(value, ("explicit", "explicit_causal", "sdpa", "exp"))
     q, k, v = _qkv(int(batch), int(heads), int(tokens), int(head_dim))
     paths = _paths()
     cases = {"explicit": (paths["explicit"], q, k, v), "explicit_causal": (paths["explicit"], q, k, v, True),
@@ -99,7 +95,7 @@ def _judge_saved(value: Any, batch: int, heads: int, tokens: int, head_dim: int)
 
 @judge("ex06_bench")
 def _judge_bench(value: Any, ts: list[int], heads: int, head_dim: int) -> None:
-    assert isinstance(value, dict) and {"main", "fresh"} <= set(value), "incomplete record"
+    has_keys(value, ("main", "fresh"))
     main = value["main"]
     assert isinstance(main, dict) and isinstance(main.get("conditions"), dict), "the results must record their conditions"
     for key in CONDITION_KEYS:
@@ -123,56 +119,48 @@ def _judge_bench(value: Any, ts: list[int], heads: int, head_dim: int) -> None:
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-_call = call_student  # shared: tinytf.course.reference.call_student
-
-
-def _diagnose_saved(fn: Any) -> list[Any]:
-    from tinytf.checks import Finding
-
+def _diagnose_saved(fn: Any) -> list[Finding]:
     x = torch.randn(3, 5, requires_grad=True)
-    n, problem = _call("saved_tensor_bytes", fn, lambda t: t.exp(), x)
+    n, problem = call_student("saved_tensor_bytes", fn, lambda t: t.exp(), x)
     if problem:
         return [problem]
     if not isinstance(n, int) or isinstance(n, bool):
-        return [Finding(0, "saved_tensor_bytes must return an int", f"got {type(n).__name__}; add t.numel() * t.element_size().")]
+        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes must return an int",
+                        f"got {type(n).__name__}; add t.numel() * t.element_size().")]
     if n == 15:
-        return [Finding(0, "saved_tensor_bytes counts elements, not bytes", "multiply t.numel() by t.element_size() (4 for float32).")]
+        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes counts elements, not bytes",
+                        "multiply t.numel() by t.element_size() (4 for float32).")]
     if n != 60:
-        return [Finding(0, "saved_tensor_bytes counts the wrong bytes",
+        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes counts the wrong bytes",
                         f"x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}. "
                         "Add t.numel() * t.element_size() in the pack hook and return the tensor unchanged.")]
     q, k, v = _qkv(1, 2, 32, 8)
     explicit = _paths()["explicit"]
-    n, problem = _call("saved_tensor_bytes", fn, explicit, q, k, v, True)
+    n, problem = call_student("saved_tensor_bytes", fn, explicit, q, k, v, True)
     if problem:
         return [problem]
     if n not in reference_saved_bytes(explicit, q, k, v, True):
-        return [Finding(0, "saved_tensor_bytes is wrong on attention",
+        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes is wrong on attention",
                         "count every tensor the pack hook receives while fn(*args) runs (pass *args through to fn).")]
     return []
 
 
-def _diagnose_bench(fn: Any) -> list[Any]:
-    from tinytf.checks import Finding
-
-    res, problem = _call("benchmark_attention", fn, (32, 64), batch=1, heads=1, head_dim=8, warmup=0, repeats=1, device="cpu")
+def _diagnose_bench(fn: Any) -> list[Finding]:
+    res, problem = call_student("benchmark_attention", fn, (32, 64), batch=1, heads=1, head_dim=8, warmup=0, repeats=1, device="cpu")
     if problem:
         return [problem]
     try:
         rows = _rows(res, [32, 64], "benchmark_attention((32, 64))")
     except AssertionError as err:
-        return [Finding(0, "benchmark_attention returns the wrong structure", str(err))]
+        return [Finding(Pitfall.GENERAL, "benchmark_attention returns the wrong structure", str(err))]
     if not isinstance(res.get("conditions"), dict) or not all(key in res["conditions"] for key in CONDITION_KEYS):
-        return [Finding(12, "benchmark_attention does not record its conditions",
+        return [Finding(Pitfall.COLD_TIMING, "benchmark_attention does not record its conditions",
                         f"a number without its conditions cannot be compared: record {', '.join(CONDITION_KEYS)}.")]
     if rows["explicit"][64]["saved_bytes"] <= rows["explicit"][32]["saved_bytes"]:
-        return [Finding(0, "saved bytes do not grow with T", "measure each T on its own q, k, v of length T.")]
+        return [Finding(Pitfall.GENERAL, "saved bytes do not grow with T", "measure each T on its own q, k, v of length T.")]
     return []
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Any]:
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex06 functions in ``namespace`` (empty when all looks right); never raises."""
-
-    findings: list[Any] = []
-    findings.extend(check_parts(namespace, [("saved_tensor_bytes", _diagnose_saved), ("benchmark_attention", _diagnose_bench)]))
-    return findings
+    return check_parts(namespace, [("saved_tensor_bytes", _diagnose_saved), ("benchmark_attention", _diagnose_bench)])

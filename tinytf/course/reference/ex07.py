@@ -12,8 +12,11 @@ from typing import Any
 
 import torch
 
+from tinytf.checks import Finding, Pitfall
+
 from ..judges import judge
 from . import call_student, check_parts
+from .validators import close, has_keys, shape_of, tensor
 
 __all__ = ["reference_two_step", "diagnose"]
 
@@ -38,18 +41,12 @@ def _attn(x: torch.Tensor, heads: int, qkv_weight: torch.Tensor, qkv_bias: torch
     return attn.eval()
 
 
-def _tensor(value: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:
-    assert isinstance(value, torch.Tensor), f"{what} must be a tensor, got {type(value).__name__}"
-    assert tuple(value.shape) == tuple(shape), f"{what} has shape {list(value.shape)}, expected {list(shape)}"
-    return value
-
-
 # ---- judges ---------------------------------------------------------------------------------------
 
 
 @judge("ex07_cache")
 def _judge_cache(value: Any, layers: int, writes: list[dict[str, Any]]) -> None:
-    assert isinstance(value, dict) and {"returned", "lengths"} <= set(value), "incomplete record"
+    has_keys(value, ("returned", "lengths"))
     returned = value["returned"]
     assert isinstance(returned, list) and len(returned) == len(writes), "one (k, v) per update call"
     k_ref: list[torch.Tensor | None] = [None] * int(layers)
@@ -58,9 +55,9 @@ def _judge_cache(value: Any, layers: int, writes: list[dict[str, Any]]) -> None:
         layer = int(w["layer"])
         k_ref[layer] = w["k"] if k_ref[layer] is None else torch.cat([k_ref[layer], w["k"]], dim=2)
         v_ref[layer] = w["v"] if v_ref[layer] is None else torch.cat([v_ref[layer], w["v"]], dim=2)
-        assert isinstance(got, dict), "incomplete record"
+        has_keys(got, ("k", "v"), f"the record of update #{i + 1}")
         for key, ref in (("k", k_ref[layer]), ("v", v_ref[layer])):
-            t = _tensor(got.get(key), tuple(ref.shape), f"update #{i + 1} returned {key}")
+            t = tensor(got[key], ref.shape, f"update #{i + 1} returned {key}", dtype=None)
             assert torch.equal(t, ref), f"update #{i + 1}: the returned {key} is not the old entries followed by the new ones (dim=2)"
     lengths = [0 if k is None else k.size(2) for k in k_ref]
     assert list(value["lengths"]) == lengths, f"lengths should be {lengths}, got {value['lengths']}"
@@ -72,70 +69,66 @@ def _judge_step(value: Any, x: torch.Tensor, prefill: int, heads: int, qkv_weigh
     attn = _attn(x, heads, qkv_weight, qkv_bias, proj_weight, proj_bias)
     with torch.no_grad():
         expected = attn(x.float())
-    got = _tensor(value, tuple(expected.shape), "the concatenated cached outputs")
-    assert torch.allclose(got.float(), expected, atol=1e-4, rtol=1e-4), "cached attention differs from recomputing the full sequence"
+    got = tensor(value, expected.shape, "the concatenated cached outputs")
+    close(got, expected, "cached attention", atol=1e-4, reference="recomputing the full sequence")
 
 
 @judge("ex07_generate")
 def _judge_generate(value: Any, prompt: torch.Tensor, config: dict[str, int], state_dict: dict[str, torch.Tensor]) -> None:
     from tinytf import TinyLanguageModel
 
-    assert isinstance(value, dict) and {"ids", "logits", "ids_recompute", "logits_recompute"} <= set(value), "incomplete record"
-    model = TinyLanguageModel(**{k: int(v) for k, v in config.items()})
+    has_keys(value, ("ids", "logits", "ids_recompute", "logits_recompute"))
+    model = TinyLanguageModel.from_config(config)
     model.load_state_dict(state_dict)
     ids, logits = reference_two_step(model.eval(), prompt)
     for suffix, what in (("", "generate_two_step (cached)"), ("_recompute", "generate_two_step_recompute")):
-        got_logits = _tensor(value[f"logits{suffix}"], tuple(logits.shape), f"{what} logits")
-        assert torch.allclose(got_logits.float(), logits, atol=1e-4, rtol=1e-4), f"{what}: logits differ from recomputing the prefix"
-        got_ids = _tensor(value[f"ids{suffix}"], tuple(ids.shape), f"{what} ids")
+        got_logits = tensor(value[f"logits{suffix}"], logits.shape, f"{what} logits")
+        assert torch.allclose(got_logits, logits, atol=1e-4, rtol=1e-4), f"{what}: logits differ from recomputing the prefix"
+        got_ids = tensor(value[f"ids{suffix}"], ids.shape, f"{what} ids", dtype=None)
         assert torch.equal(got_ids.long(), ids), f"{what}: the generated tokens differ from greedy decoding"
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-_call = call_student  # shared: tinytf.course.reference.call_student
-
-
-def _diagnose_cache(cls: Any) -> list[Any]:
-    from tinytf.checks import Finding
+def _diagnose_cache(cls: Any) -> list[Finding]:
 
     g = torch.Generator().manual_seed(0)
     k0, v0, k1, v1 = (torch.randn(1, 2, t, 4, generator=g) for t in (3, 3, 1, 1))
-    cache, problem = _call("SimpleKVCache(2)", cls, 2)
+    cache, problem = call_student("SimpleKVCache(2)", cls, 2)
     if problem:
         return [problem]
-    first, problem = _call("SimpleKVCache.update", cache.update, 0, k0, v0)
+    first, problem = call_student("SimpleKVCache.update", cache.update, 0, k0, v0)
     if problem:
         return [problem]
-    second, problem = _call("SimpleKVCache.update", cache.update, 0, k1, v1)
+    second, problem = call_student("SimpleKVCache.update", cache.update, 0, k1, v1)
     if problem:
         if "Sizes of tensors must match" in problem.message:  # torch.cat along the wrong axis
-            return [Finding(2, "update concatenates along the wrong axis",
+            return [Finding(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
                             f"appending 1 token to 3 failed ({problem.message}). k, v are [B, H, T, d_head]: append along time, dim=2.")]
         return [problem]
     if not (isinstance(second, tuple) and len(second) == 2 and all(isinstance(t, torch.Tensor) for t in second)):
-        return [Finding(0, "update must return (k, v)", "return the two tensors of everything cached for that layer.")]
+        return [Finding(Pitfall.GENERAL, "update must return (k, v)", "return the two tensors of everything cached for that layer.")]
     k_all = second[0]
     if tuple(k_all.shape) == (1, 2, 1, 4):
-        return [Finding(11, "update returns only the new entries",
+        return [Finding(Pitfall.KV_CACHE, "update returns only the new entries",
                         "a decode step must attend over ALL cached keys: concatenate the old and new entries and return them.")]
     if tuple(k_all.shape) != (1, 2, 4, 4):
-        return [Finding(2, "update concatenates along the wrong axis",
+        return [Finding(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
                         f"k, v are [B, H, T, d_head]: append along time (dim=2); after 3 + 1 tokens expected [1, 2, 4, 4], "
                         f"got {list(k_all.shape)}.")]
     if not torch.equal(k_all, torch.cat([k0, k1], dim=2)) or not torch.equal(second[1], torch.cat([v0, v1], dim=2)):
-        return [Finding(0, "update stores the wrong entries", "old entries first, then the new ones; keys and values separately.")]
+        return [Finding(Pitfall.GENERAL, "update stores the wrong entries",
+                        "old entries first, then the new ones; keys and values separately.")]
     lengths = cache.lengths
     if list(lengths) != [4, 0]:
-        return [Finding(0, "the cache's lengths are wrong",
+        return [Finding(Pitfall.GENERAL, "the cache's lengths are wrong",
                         f"after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.")]
     return []
 
 
-def _diagnose_step(fn: Any) -> list[Any]:
+def _diagnose_step(fn: Any) -> list[Finding]:
     from tinytf import CausalSelfAttention, KVCache
-    from tinytf.checks import Finding
 
     torch.manual_seed(11)
     attn = CausalSelfAttention(12, 3, max_tokens=8).eval()
@@ -143,15 +136,15 @@ def _diagnose_step(fn: Any) -> list[Any]:
     cache = KVCache(1, 2, 3, 8, 4)
     with torch.no_grad():
         full = attn(x)
-        pre, problem = _call("attention_step (prefill)", fn, attn, x[:, :4], cache)
+        pre, problem = call_student("attention_step (prefill)", fn, attn, x[:, :4], cache)
         if problem:
             return [problem]
         if not isinstance(pre, torch.Tensor) or pre.shape != (2, 4, 12):
-            got = list(pre.shape) if isinstance(pre, torch.Tensor) else type(pre).__name__
-            return [Finding(2, "attention_step returns the wrong shape", f"a prefill of 4 tokens should give [2, 4, 12], got {got}.")]
+            return [Finding(Pitfall.ORIENTATION, "attention_step returns the wrong shape",
+                            f"a prefill of 4 tokens should give [2, 4, 12], got {shape_of(pre)}.")]
         steps = []
         for i in (4, 5):
-            out, problem = _call("attention_step (decode)", fn, attn, x[:, i : i + 1], cache)
+            out, problem = call_student("attention_step (decode)", fn, attn, x[:, i : i + 1], cache)
             if problem:
                 return [problem]
             steps.append(out)
@@ -161,60 +154,61 @@ def _diagnose_step(fn: Any) -> list[Any]:
     if pre_ok and dec_ok:
         return []
     if dec_ok and not pre_ok:
-        return [Finding(4, "the prefill lets tokens see the future",
+        return [Finding(Pitfall.CAUSAL_OFF_BY_ONE, "the prefill lets tokens see the future",
                         "with t > 1 new tokens apply the causal mask; tinytf.causal_mask(t, past + t) is end-aligned.")]
     if pre_ok and not dec_ok:
-        return [Finding(4, "decode steps do not see the whole cache",
+        return [Finding(Pitfall.CAUSAL_OFF_BY_ONE, "decode steps do not see the whole cache",
                         "the new token at absolute position past + i may read keys 0 .. past + i: the causal mask must be "
                         "END-aligned (tinytf.causal_mask(t, past + t)), not start-aligned.")]
-    return [Finding(0, "attention_step differs from the full pass",
+    return [Finding(Pitfall.GENERAL, "attention_step differs from the full pass",
                     "project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by 1/sqrt(head_dim), "
                     "mask, softmax over the keys, merge heads, attn.proj.")]
 
 
-def _diagnose_generate(cached: Any, recompute: Any, cache_cls: Any) -> list[Any]:
-    from tinytf import KVCache, TinyLanguageModel
-    from tinytf.checks import Finding
+def _generation_probe() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(model, prompt, ids, logits)``: a small fixed-seed model, a prompt and the reference two steps."""
+    from tinytf import TinyLanguageModel
 
     torch.manual_seed(13)
     model = TinyLanguageModel(vocab=23, dim=12, heads=3, layers=2, max_tokens=16).eval()
     prompt = torch.randint(0, 23, (2, 5), generator=torch.Generator().manual_seed(14))
-    ids, logits = reference_two_step(model, prompt)
-    findings = []
-    if callable(recompute):
-        res, problem = _call("generate_two_step_recompute", recompute, model, prompt)
-        if problem:
-            findings.append(problem)
-        elif not (isinstance(res, tuple) and len(res) == 2 and torch.equal(res[0], ids) and torch.allclose(res[1], logits, atol=1e-4)):
-            findings.append(Finding(0, "generate_two_step_recompute is wrong",
-                                    "run the model on the whole prefix, take logits[:, -1], argmax, append; twice."))
-    if callable(cached):
-        cache = KVCache.for_model(model, 2)
-        res, problem = _call("generate_two_step", cached, model, prompt, cache)
-        if problem:
-            findings.append(problem)
-        elif cache.seen > prompt.size(1) + 1:
-            findings.append(Finding(11, "step 2 feeds more than the new token",
-                                    f"after the loop the cache holds {cache.seen} tokens, expected {prompt.size(1) + 1}: with a cache, "
-                                    "step 2 runs the model on the ONE token chosen in step 1."))
-        elif not (isinstance(res, tuple) and len(res) == 2 and torch.equal(res[0], ids) and torch.allclose(res[1], logits, atol=1e-4)):
-            findings.append(Finding(0, "generate_two_step differs from recomputing the prefix",
-                                    "prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache)."))
-    return findings
+    return (model, prompt, *reference_two_step(model, prompt))
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Any]:
+def _same_steps(res: Any, ids: torch.Tensor, logits: torch.Tensor) -> bool:
+    return isinstance(res, tuple) and len(res) == 2 and torch.equal(res[0], ids) and torch.allclose(res[1], logits, atol=1e-4)
+
+
+def _diagnose_recompute(fn: Any) -> list[Finding]:
+    model, prompt, ids, logits = _generation_probe()
+    res, problem = call_student("generate_two_step_recompute", fn, model, prompt)
+    if problem:
+        return [problem]
+    if not _same_steps(res, ids, logits):
+        return [Finding(Pitfall.GENERAL, "generate_two_step_recompute is wrong",
+                        "run the model on the whole prefix, take logits[:, -1], argmax, append; twice.")]
+    return []
+
+
+def _diagnose_cached(fn: Any) -> list[Finding]:
+    from tinytf import KVCache
+
+    model, prompt, ids, logits = _generation_probe()
+    cache = KVCache.for_model(model, 2)
+    res, problem = call_student("generate_two_step", fn, model, prompt, cache)
+    if problem:
+        return [problem]
+    if cache.seen > prompt.size(1) + 1:
+        return [Finding(Pitfall.KV_CACHE, "step 2 feeds more than the new token",
+                        f"after the loop the cache holds {cache.seen} tokens, expected {prompt.size(1) + 1}: with a cache, "
+                        "step 2 runs the model on the ONE token chosen in step 1.")]
+    if not _same_steps(res, ids, logits):
+        return [Finding(Pitfall.GENERAL, "generate_two_step differs from recomputing the prefix",
+                        "prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache).")]
+    return []
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex07 code in ``namespace`` (empty when all looks right); never raises."""
-    from tinytf.checks import Finding
-
-    findings: list[Any] = []
-    findings.extend(check_parts(namespace, [("SimpleKVCache", _diagnose_cache), ("attention_step", _diagnose_step)]))
-    cached, recompute = namespace.get("generate_two_step"), namespace.get("generate_two_step_recompute")
-    for name, obj in (("generate_two_step", cached), ("generate_two_step_recompute", recompute)):
-        if not callable(obj):
-            findings.append(Finding(0, f"{name} is missing", f"Define {name} in the notebook (keep its name and signature)."))
-    try:
-        findings.extend(_diagnose_generate(cached, recompute, namespace.get("SimpleKVCache")))
-    except Exception as err:  # noqa: BLE001
-        findings.append(Finding(0, "the generation loop could not be checked", f"{type(err).__name__}: {err}"))
-    return findings
+    return check_parts(namespace, [("SimpleKVCache", _diagnose_cache), ("attention_step", _diagnose_step),
+                                   ("generate_two_step_recompute", _diagnose_recompute), ("generate_two_step", _diagnose_cached)])

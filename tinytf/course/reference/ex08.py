@@ -15,8 +15,11 @@ from typing import Any
 
 import torch
 
+from tinytf.checks import Finding, Pitfall
+
 from ..judges import judge
-from . import call_student
+from . import call_student, check_parts, stub_or
+from .validators import has_keys, positive, shape_of
 
 __all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose"]
 
@@ -53,21 +56,15 @@ def _model(config: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> torch
     return model.eval()
 
 
-def _number(x: Any, what: str, *, positive: bool = True) -> float:
-    assert isinstance(x, (int, float)) and not isinstance(x, bool), f"{what} must be a number, got {type(x).__name__}"
-    assert math.isfinite(x) and (x > 0 or not positive), f"{what} must be a positive finite number, got {x}"
-    return float(x)
-
-
 def _check_report(rep: Any, model: torch.nn.Module, val_data: torch.Tensor, schedule: dict[str, Any], what: str) -> float:
     """Consistency checks shared by the main and the fresh training report; returns the recomputed val loss."""
-    assert isinstance(rep, dict) and all(k in rep for k in REPORT_KEYS), f"{what}: the report must contain {', '.join(REPORT_KEYS)}"
+    has_keys(rep, REPORT_KEYS, f"{what}: the report")
     steps, block = int(schedule["steps"]), int(schedule["block"])
     val = reference_evaluate(model, val_data, block)
-    got = _number(rep["val_loss"], f"{what}: val_loss")
+    got = positive(rep["val_loss"], f"{what}: val_loss")
     assert abs(got - val) < 1e-3, f"{what}: val_loss is not the validation loss of the trained model"
     for key in ("train_loss", "tokens_per_s", "peak_memory_bytes"):
-        _number(rep[key], f"{what}: {key}")
+        positive(rep[key], f"{what}: {key}")
     lrs, losses = rep["lrs"], rep["losses"]
     assert isinstance(lrs, list) and len(lrs) == steps, f"{what}: one learning rate per step"
     assert isinstance(losses, list) and len(losses) == steps, f"{what}: one loss per step"
@@ -78,7 +75,7 @@ def _check_report(rep: Any, model: torch.nn.Module, val_data: torch.Tensor, sche
             f"{what}: the learning rate at step {s} is off the schedule"
         )
     mem = rep["memory"]
-    assert isinstance(mem, dict) and all(k in mem for k in MEMORY_KEYS), f"{what}: the memory ledger must hold {', '.join(MEMORY_KEYS)}"
+    has_keys(mem, MEMORY_KEYS, f"{what}: the memory ledger")
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     assert int(mem["parameters"]) == params, f"{what}: the ledger's parameter bytes are wrong"
     assert int(mem["optimizer_state"]) >= 2 * params, f"{what}: AdamW keeps two tensors per parameter"
@@ -92,7 +89,7 @@ def _check_report(rep: Any, model: torch.nn.Module, val_data: torch.Tensor, sche
 
 @judge("ex08_vocab")
 def _judge_vocab(value: Any, text: str) -> None:
-    assert isinstance(value, dict) and {"itos", "stoi", "ids", "decoded"} <= set(value), "incomplete record"
+    has_keys(value, ("itos", "stoi", "ids", "decoded"))
     itos = sorted(set(text))
     assert list(value["itos"]) == itos, "itos must be the sorted distinct characters of the text"
     assert value["stoi"] == {ch: i for i, ch in enumerate(itos)}, "stoi must map each character to its index in itos"
@@ -117,7 +114,7 @@ def _judge_batch(value: Any, data: torch.Tensor, block: int, batch: int) -> None
 def _judge_loss(value: Any, logits: torch.Tensor, ids: torch.Tensor, padded_ids: torch.Tensor) -> None:
     from tinytf import lm_loss
 
-    assert isinstance(value, dict) and {"plain", "padded"} <= set(value), "incomplete record"
+    has_keys(value, ("plain", "padded"))
     for key, expected in (("plain", lm_loss(logits, ids)), ("padded", lm_loss(logits, padded_ids, pad_id=0))):
         got = value[key]
         assert isinstance(got, torch.Tensor) and got.numel() == 1, f"next_char_loss ({key}) must return a scalar tensor"
@@ -146,7 +143,7 @@ def _judge_train(
     fresh_state_dict: dict,
     fresh_val_data: torch.Tensor,
 ) -> None:
-    assert isinstance(value, dict) and {"main", "fresh"} <= set(value), "incomplete record"
+    has_keys(value, ("main", "fresh"))
     val = _check_report(value["main"], _model(config, state_dict), val_data, schedule, "the main run")
     chance = math.log(int(config["vocab"]))
     assert val < chance - MARGIN, f"the validation loss {val:.3f} is not clearly below log(vocab) = {chance:.3f}"
@@ -170,60 +167,48 @@ def _judge_ckpt(value: Any, ids: torch.Tensor, config: dict, state_dict: dict) -
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-_call = call_student  # shared: tinytf.course.reference.call_student
-
-
-def _diagnose_vocab(ns: dict[str, Any]) -> list[Any]:
-    from tinytf.checks import Finding
-
+def _diagnose_vocab(ns: dict[str, Any]) -> list[Finding]:
     text = "the cat sat."
-    res, problem = _call("build_vocab", ns["build_vocab"], text)
+    res, problem = call_student("build_vocab", ns["build_vocab"], text)
     if problem:
         return [problem]
     if not (isinstance(res, tuple) and len(res) == 2):
-        return [Finding(0, "build_vocab must return (stoi, itos)", "a dict char -> id and the list of characters.")]
+        return [Finding(Pitfall.GENERAL, "build_vocab must return (stoi, itos)", "a dict char -> id and the list of characters.")]
     stoi, itos = res
     if list(itos) != sorted(set(text)):
-        return [
-            Finding(
-                0, "itos is not the sorted distinct characters", "use sorted(set(text)): the ids must not depend on the order of the text."
-            )
-        ]
-    ids, problem = _call("encode", ns["encode"], text, stoi)
+        return [Finding(Pitfall.GENERAL, "itos is not the sorted distinct characters",
+                        "use sorted(set(text)): the ids must not depend on the order of the text.")]
+    ids, problem = call_student("encode", ns["encode"], text, stoi)
     if problem:
         return [problem]
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.tolist() != [itos.index(c) for c in text]:
-        return [Finding(0, "encode gives the wrong ids", "return torch.tensor([stoi[ch] for ch in text], dtype=torch.long).")]
-    back, problem = _call("decode", ns["decode"], ids, itos)
+        return [Finding(Pitfall.GENERAL, "encode gives the wrong ids", "return torch.tensor([stoi[ch] for ch in text], dtype=torch.long).")]
+    back, problem = call_student("decode", ns["decode"], ids, itos)
     if problem:
         return [problem]
     if back != text:
-        return [Finding(0, "decode does not invert encode", "join itos[int(i)] for every id.")]
+        return [Finding(Pitfall.GENERAL, "decode does not invert encode", "join itos[int(i)] for every id.")]
     return []
 
 
-def _diagnose_batch(ns: dict[str, Any]) -> list[Any]:
-    from tinytf.checks import Finding
-
+def _diagnose_batch(fn: Any) -> list[Finding]:
     data = torch.arange(50)
-    x, problem = _call("get_batch", ns["get_batch"], data, 6, 40, torch.Generator().manual_seed(0))
+    x, problem = call_student("get_batch", fn, data, 6, 40, torch.Generator().manual_seed(0))
     if problem:
         return [problem]
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != (40, 6):
-        got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        return [Finding(0, "get_batch returns the wrong shape", f"expected [batch, block] = [40, 6], got {got}.")]
+        return [Finding(Pitfall.GENERAL, "get_batch returns the wrong shape", f"expected [batch, block] = [40, 6], got {shape_of(x)}.")]
     if not all(torch.equal(r, torch.arange(int(r[0]), int(r[0]) + 6)) for r in x):
-        return [Finding(0, "get_batch rows are not consecutive tokens", "row i is data[s : s + block] for a random offset s.")]
+        return [Finding(Pitfall.GENERAL, "get_batch rows are not consecutive tokens",
+                        "row i is data[s : s + block] for a random offset s.")]
     return []
 
 
-def _diagnose_lr(fn: Any) -> list[Any]:
-    from tinytf.checks import Finding
-
+def _diagnose_lr(fn: Any) -> list[Finding]:
     sched = {"max_lr": 1.0, "min_lr": 0.1, "warmup": 4, "total": 20}
     got = []
     for s in range(24):
-        lr, problem = _call("cosine_lr", fn, s, **sched)
+        lr, problem = call_student("cosine_lr", fn, s, **sched)
         if problem:
             return [problem]
         got.append(lr)
@@ -232,15 +217,17 @@ def _diagnose_lr(fn: Any) -> list[Any]:
         if all(abs(float(a) - b) < 1e-9 for a, b in zip(got, ref)):
             return []
         if abs(float(got[0])) < 1e-12:
-            return [Finding(0, "the warm-up starts at zero", "step 0 already trains: use max_lr * (step + 1) / warmup.")]
+            return [Finding(Pitfall.GENERAL, "the warm-up starts at zero", "step 0 already trains: use max_lr * (step + 1) / warmup.")]
         if abs(float(got[-1]) - sched["min_lr"]) > 1e-9:
             return [
-                Finding(0, "the schedule does not end at min_lr", "after total steps return min_lr; the cosine goes from max_lr to min_lr.")
+                Finding(Pitfall.GENERAL, "the schedule does not end at min_lr",
+                        "after total steps return min_lr; the cosine goes from max_lr to min_lr.")
             ]
     except (TypeError, ValueError):
-        return [Finding(0, "cosine_lr must return a float", "return a number, not a tensor or a list.")]
+        return [Finding(Pitfall.GENERAL, "cosine_lr must return a float", "return a number, not a tensor or a list.")]
     return [
-        Finding(0, "cosine_lr is off the schedule", "check the warm-up, p = (step - warmup) / (total - warmup) and the cosine formula.")
+        Finding(Pitfall.GENERAL, "cosine_lr is off the schedule",
+                "check the warm-up, p = (step - warmup) / (total - warmup) and the cosine formula.")
     ]
 
 
@@ -257,7 +244,7 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "probe.pt"
-        _, problem = _call("save_checkpoint", ns["save_checkpoint"], path, model, opt, sched, 3)
+        _, problem = call_student("save_checkpoint", ns["save_checkpoint"], path, model, opt, sched, 3)
         if problem:
             return [problem]
         try:
@@ -265,65 +252,49 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
         except Exception as err:  # noqa: BLE001 - any failure to read the file is the finding
             return [
                 Finding(
-                    0,
+                    Pitfall.GENERAL,
                     "the checkpoint cannot be read with torch.load(weights_only=True)",
                     f"store plain data only, e.g. with tinytf.save_checkpoint ({type(err).__name__}).",
                 )
             ]
-        res, problem = _call("load_checkpoint", ns["load_checkpoint"], path, "cpu")
+        res, problem = call_student("load_checkpoint", ns["load_checkpoint"], path, "cpu")
         if problem:
             return [problem]
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.nn.Module)):
-        return [Finding(0, "load_checkpoint must return (model, checkpoint)", "the restored TinyLanguageModel and the tinytf.Checkpoint.")]
+        return [Finding(Pitfall.GENERAL, "load_checkpoint must return (model, checkpoint)",
+                        "the restored TinyLanguageModel and the tinytf.Checkpoint.")]
     restored = res[0]
     findings = []
     if restored.training:
-        findings.append(Finding(9, "the restored model is in training mode", "call .eval() before using it for outputs."))
+        findings.append(Finding(Pitfall.TRAIN_EVAL, "the restored model is in training mode", "call .eval() before using it for outputs."))
     ids = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(22))
     with torch.no_grad():
         if not torch.equal(restored.eval()(ids), model(ids)):
             findings.append(
-                Finding(0, "the restored model gives different outputs", "save model.state_dict() and load it with strict=True.")
+                Finding(Pitfall.GENERAL, "the restored model gives different outputs",
+                        "save model.state_dict() and load it with strict=True.")
             )
     missing = sorted({"config", "model", "optimizer", "scheduler", "step"} - set(raw if isinstance(raw, dict) else ()))
     if missing:
         hint = f"it lacks {missing}: pass the optimizer, the scheduler and step= to tinytf.save_checkpoint."
-        findings.append(Finding(0, "the checkpoint is incomplete", hint))
+        findings.append(Finding(Pitfall.GENERAL, "the checkpoint is incomplete", hint))
     elif raw["step"] != 3:
-        findings.append(Finding(0, "the checkpoint stores the wrong step", f"store the step it was given (3), not {raw['step']!r}."))
+        findings.append(Finding(Pitfall.GENERAL, "the checkpoint stores the wrong step",
+                                f"store the step it was given (3), not {raw['step']!r}."))
     return findings
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Any]:
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex08 code in ``namespace`` (empty when all looks right); never raises."""
-    from tinytf.checks import Finding, diagnose_lm_loss
+    from tinytf.checks import diagnose_lm_loss
 
-    findings: list[Any] = []
-    parts = (
-        (("build_vocab", "encode", "decode"), lambda: _diagnose_vocab(namespace)),
-        (("get_batch",), lambda: _diagnose_batch(namespace)),
-        (("next_char_loss",), lambda: diagnose_lm_loss(namespace["next_char_loss"])),
-        (("cosine_lr",), lambda: _diagnose_lr(namespace["cosine_lr"])),
-        (("save_checkpoint", "load_checkpoint"), lambda: _diagnose_ckpt(namespace)),
-    )
-    for names, check in parts:
-        missing = [n for n in names if not callable(namespace.get(n))]
-        if missing:
-            findings.extend(Finding(0, f"{n} is missing", f"Define {n} in the notebook (keep its name and signature).") for n in missing)
-            continue
-        try:
-            found = check()
-        except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
-            found = [Finding(0, f"{names[0]} could not be checked", f"{type(err).__name__}: {err}")]
-        if names == ("next_char_loss",) and any("NotImplementedError" in f.message for f in found):
-            found = [
-                Finding(
-                    0,
-                    "next_char_loss is not implemented yet",
-                    "next_char_loss still raises NotImplementedError: replace that line with your code.",
-                )
-            ]
-        findings.extend(found)
+    findings = check_parts(namespace, [
+        (("build_vocab", "encode", "decode"), lambda *_: _diagnose_vocab(namespace)),
+        ("get_batch", _diagnose_batch),
+        ("next_char_loss", lambda fn: stub_or("next_char_loss", diagnose_lm_loss(fn))),
+        ("cosine_lr", _diagnose_lr),
+        (("save_checkpoint", "load_checkpoint"), lambda *_: _diagnose_ckpt(namespace)),
+    ])
     if not callable(namespace.get("train")):
-        findings.append(Finding(0, "train is missing", "Define train(...) in the notebook (keep its name and signature)."))
+        findings.append(Finding(Pitfall.GENERAL, "train is missing", "Define train(...) in the notebook (keep its name and signature)."))
     return findings

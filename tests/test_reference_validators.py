@@ -1,0 +1,76 @@
+"""The judges' shared validators (tinytf/course/reference/validators.py): what they accept, what
+they return, and the student-facing message of each rejection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tinytf.checks import Finding, Pitfall
+from tinytf.course.reference import call_student, check_parts, stub_or
+from tinytf.course.reference.validators import bool_mask, close, float_inputs, has_keys, number, positive, seconds, shape_of, tensor
+
+
+def _message(fn, *args, **kwargs) -> str:
+    with pytest.raises(AssertionError) as err:
+        fn(*args, **kwargs)
+    return str(err.value)
+
+
+def test_tensor_checks_type_shape_and_dtype():
+    x = torch.ones(2, 3, dtype=torch.float64)
+    assert tensor(x, (2, 3), "out").dtype == torch.float32  # floats come back as float32
+    assert _message(tensor, [1.0], (1,), "out") == "out must be a tensor, got list"
+    assert _message(tensor, x, (3, 2), "out") == "out has shape [2, 3], expected [3, 2]"
+    assert _message(tensor, x.long(), (2, 3), "out") == "out must be a floating-point tensor, got torch.int64"
+    assert _message(tensor, x / 0, (2, 3), "out") == "out contains inf or NaN"
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    assert tensor(mask, None, "mask", dtype=torch.bool) is mask
+    assert _message(tensor, x, None, "mask", dtype=torch.bool) == "mask must have dtype torch.bool, got torch.float64"
+    assert tensor(x.long(), (2, 3), "ids", dtype=None).dtype == torch.int64  # any dtype, unchanged
+
+
+def test_close_checks_the_shape_before_the_values():
+    a = torch.zeros(2, 3)
+    close(a, a + 1e-7, "w")
+    assert _message(close, a, a[:1], "w") == "w has shape [2, 3], expected [1, 3]"  # allclose would broadcast
+    assert _message(close, a, a + 1, "w", reference="tinytf") == "w differs from tinytf"
+
+
+def test_recorded_inputs_and_masks():
+    q, k = float_inputs(torch.ones(2, dtype=torch.float64), torch.ones(2))
+    assert q.dtype == k.dtype == torch.float32
+    assert _message(float_inputs, torch.ones(2), torch.ones(2).long()) == "the recorded inputs are not float tensors"
+    assert _message(bool_mask, torch.ones(2)) == "the recorded mask is not a bool tensor"
+
+
+def test_numbers():
+    assert number(0, "leak") == 0.0 and positive(2, "bytes") == 2.0 and seconds(0.5, "t") == 0.5
+    assert _message(number, True, "leak") == "leak must be a number, got bool"
+    assert _message(number, -1.0, "leak") == "leak must be a non-negative finite number, got -1.0"
+    assert _message(positive, 0, "bytes") == "bytes must be a positive finite number, got 0"
+    assert _message(seconds, float("nan"), "t") == "t must be a positive finite number of seconds, got nan"
+    assert _message(seconds, "1", "t") == "t must be a number of seconds, got str"
+
+
+def test_has_keys_and_shape_of():
+    assert has_keys({"a": 1, "b": 2, "c": 3}, ("a", "b")) == {"a": 1, "b": 2, "c": 3}
+    assert _message(has_keys, {"a": 1}, ("a", "b", "c")) == "the record must hold 'a', 'b' and 'c'"
+    assert _message(has_keys, [], ("a",), "the report") == "the report must hold 'a'"
+    assert shape_of(torch.zeros(2, 1)) == [2, 1] and shape_of((1, 2)) == "tuple"
+
+
+def test_student_calls_and_parts_never_raise():
+    def stub(*args):
+        raise NotImplementedError
+
+    _, problem = call_student("f", stub)
+    assert problem.title == "f is not implemented yet" and problem.pitfall is Pitfall.GENERAL
+    _, problem = call_student("f", lambda: 1 / 0)
+    assert problem.title == "f raises ZeroDivisionError"
+    ns = {"a": lambda: None, "b": lambda: None}
+    found = check_parts(ns, [("a", lambda fn: []), (("a", "c", "d"), lambda *fns: []), ("b", lambda fn: 1 / 0)])
+    assert [f.title for f in found] == ["c is missing", "d is missing", "b could not be checked"]
+    raised = [Finding(Pitfall.SCALE, "x", "your code raised NotImplementedError")]
+    assert [f.title for f in stub_or("g", raised)] == ["g is not implemented yet"]
+    assert stub_or("g", raised[:0]) == []
