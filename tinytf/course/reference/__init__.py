@@ -17,7 +17,7 @@ from typing import Any
 
 from tinytf.checks import Finding, Pitfall
 
-__all__ = ["EXERCISES", "call_student", "check_parts", "not_implemented", "stub_or"]
+__all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings", "not_implemented", "stub_or"]
 
 EXERCISES = ("ex01", "ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08")
 
@@ -64,4 +64,38 @@ def check_parts(namespace: dict[str, Any], parts: Iterable[tuple[str | Sequence[
             findings.extend(check(*objs))
         except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
             findings.append(Finding(Pitfall.GENERAL, f"{names[0]} could not be checked", f"{type(err).__name__}: {err}"))
+    return findings
+
+
+Probe = Callable[[dict[str, Any], Any], tuple[Any, dict[str, Any]]]
+
+
+def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed: int | None = None,
+                   covered: Iterable[str] = ()) -> list[Finding]:
+    """The grader's judgement on the student's own machine: for each test cell ``grade_id`` in
+    ``probes``, ``probes[grade_id](namespace, generator)`` calls the student's code on fresh random
+    inputs and returns ``(value, inputs)``; the same judge the grader runs (:mod:`tinytf.course.judges`)
+    then decides. A rejection becomes a Finding quoting the judge's message, unless ``grade_id`` is in
+    ``covered`` (a named pitfall already explains that task). Never raises.
+    """
+    import torch
+
+    from ..judges import run_judge
+
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed)
+    skip = set(covered)
+    findings: list[Finding] = []
+    for grade_id, probe in probes.items():
+        if grade_id in skip:
+            continue
+        try:
+            value, inputs = probe(namespace, gen)
+        except NotImplementedError:
+            continue  # the diagnosis already says "not implemented yet"
+        except Exception as err:  # noqa: BLE001 - a student's crash on fresh inputs is the finding
+            findings.append(Finding(Pitfall.GENERAL, f"{grade_id} fails on fresh inputs", f"{type(err).__name__}: {err}"))
+            continue
+        passed, message = run_judge(grade_id, value, inputs)
+        if not passed:
+            findings.append(Finding(Pitfall.GENERAL, f"{grade_id} would not earn its points", message))
     return findings
