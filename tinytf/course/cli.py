@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .notebook import skip_slow_imports
+
+    skip_slow_imports()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
