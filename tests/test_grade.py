@@ -154,6 +154,21 @@ def test_rerun_gives_the_same_gradebook(corpus, tmp_path):
             assert (tmp_path / "out" / "feedback" / student / page.name).read_bytes() == page.read_bytes(), page
 
 
+def test_two_shards_merged_are_byte_identical_to_one_run(corpus, tmp_path):
+    from tinytf.course.shard import merge, shard_of
+
+    assert sorted({shard_of(s, 2) for s in KEEP}) == [0, 1], "both shards grade someone"
+    whole = _subset(corpus, tmp_path / "subs", tmp_path / "whole")
+    shards = [_subset(corpus, tmp_path / "subs", tmp_path / f"shard{k}", shard=(k, 2)) for k in (1, 0)]
+    merge(shards, tmp_path / "merged")
+    for name in ("grades.csv", "grades_per_cell.csv", "summary.txt"):
+        assert (tmp_path / "merged" / name).read_bytes() == (whole / name).read_bytes(), name
+    pages = sorted(p.relative_to(whole) for p in (whole / "feedback").rglob("*.html"))
+    assert pages == sorted(p.relative_to(tmp_path / "merged") for p in (tmp_path / "merged" / "feedback").rglob("*.html"))
+    assert pages and all((tmp_path / "merged" / p).read_bytes() == (whole / p).read_bytes() for p in pages)
+    assert not (tmp_path / "merged" / "shard.json").exists(), "the merged gradebook is the single run's, file for file"
+
+
 # ---- pure helpers and the sandbox (fast) ---------------------------------------------------------------
 
 

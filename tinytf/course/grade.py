@@ -15,6 +15,8 @@ Layout: ``SUBMISSIONS/<student>/<exNN_name>.ipynb`` (nbgrader's collected layout
 3. The parent writes the gradebook (:mod:`tinytf.course.gradebook`): ``grades.csv``,
    ``grades_per_cell.csv``, ``feedback/<student>/<exercise>.html`` and ``summary.txt``.
 
+``shard=(K, N)`` grades only the students of shard K of N (:mod:`tinytf.course.shard`); ``tinytf
+gradebook merge`` joins the shards' gradebooks into the one a single run would write.
 Submissions are only ever read (copied into the job folder).
 """
 
@@ -36,6 +38,7 @@ from .gradebook import STATUSES, CellResult, ExerciseResult, aggregate, summary_
 from .nbgrader_root import REPO, build_course_root, ensure_tool_path, find_notebooks, nbgrader_config
 from .notebook import cells_by_id, load_json, read_notebook, write_atomic
 from .sandbox import Limits, run_limited
+from .shard import in_shard, write_shard_info
 
 __all__ = ["STATUSES", "CellSpec", "CellResult", "ExerciseResult", "grade", "grade_specs", "classify_test_cell",
            "sanitize_for_feedback", "summary_text", "read_notebook"]
@@ -227,6 +230,7 @@ def grade(
     memory_mb: int = 4096,
     released: str | Path | None = REPO / "exercises",
     judge_files: Iterable[str] = (),
+    shard: tuple[int, int] | None = None,
     keep_work: bool = False,
     progress: bool = True,
 ) -> list[ExerciseResult]:
@@ -236,6 +240,7 @@ def grade(
     ``max(120, 4 * timeout)``); ``memory_mb``: address-space limit of each grading process.
     ``released``: the folder of student versions handed out (``exercises/``); a test cell identical to
     the one released there is not "edited" even if the instructor changed the test since.
+    ``shard``: ``(K, N)`` grades only shard K of N of the students (``out`` also gets ``shard.json``).
     """
     submissions, out = Path(submissions), Path(out)
     if not submissions.is_dir():
@@ -244,6 +249,8 @@ def grade(
     if not sols:
         raise FileNotFoundError(f"no exNN_*.ipynb in {solutions}")
     students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if shard is not None:
+        students = [p for p in students if in_shard(p.name, *shard)]
     work = Path(tempfile.mkdtemp(prefix="tinytf-grade-"))
     try:
         course, names, specs, known = _setup(sols, work, released)
@@ -252,6 +259,8 @@ def grade(
                        [str(Path(f).resolve()) for f in judge_files], known)
         results = _run_all(ctx, students, sorted(sols), max(1, int(jobs)), progress)
         write_gradebook(results, out)
+        if shard is not None:
+            write_shard_info(out, shard, sorted(sols), [p.name for p in students])
     finally:
         if keep_work:
             print(f"work folder kept: {work}", file=sys.stderr)
