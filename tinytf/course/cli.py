@@ -43,12 +43,34 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _grade(args: argparse.Namespace) -> int:
     from .grade import grade, summary_text
+    from .shard import parse_shard
 
+    try:
+        shard = parse_shard(args.shard) if args.shard else None
+    except ValueError as err:
+        print(f"tinytf grade: {err}", file=sys.stderr)
+        return 2
     results = grade(args.submissions, args.out, solutions=args.solutions, exercises=args.exercises or None, jobs=args.jobs,
                     timeout=args.timeout, notebook_timeout=args.notebook_timeout, memory_mb=args.memory_mb,
-                    keep_work=args.keep_work, progress=not args.quiet)
+                    shard=shard, keep_work=args.keep_work, progress=not args.quiet)
+    if shard:
+        print(f"shard {shard[0]}/{shard[1]}: {len({r.student for r in results})} students")
     print(summary_text(results), end="")
     print(f"gradebook: {args.out}/grades.csv, {args.out}/grades_per_cell.csv, feedback in {args.out}/feedback/")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from .gradebook import summary_text
+    from .shard import merge
+
+    try:
+        results = merge(args.gradebooks, args.out)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"tinytf gradebook merge: {err}", file=sys.stderr)
+        return 2
+    print(summary_text(results), end="")
+    print(f"merged {len(args.gradebooks)} gradebooks into {args.out}/")
     return 0
 
 
@@ -86,13 +108,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-mb", type=int, default=4096, help="address-space limit per grading process (default 4096)")
     p.add_argument("--solutions", default=str(REPO / "solutions"))
     p.add_argument("--exercises", nargs="*", help=ex_help)
+    p.add_argument("--shard", metavar="K/N", help="grade only shard K (0 … N-1) of the students; auto/N: K from "
+                   "$SLURM_ARRAY_TASK_ID or $JOB_COMPLETION_INDEX (then: tinytf gradebook merge)")
     p.add_argument("--keep-work", action="store_true", help="keep the temporary course roots (debugging)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_grade)
+
+    p = sub.add_parser("gradebook", help="work with gradebooks written by tinytf grade")
+    gb = p.add_subparsers(dest="gradebook_command", metavar="ACTION", required=True)
+    m = gb.add_parser("merge", help="merge the gradebooks of --shard runs into the one a single run writes")
+    m.add_argument("gradebooks", nargs="+", metavar="OUT_K", help="the shards' --out folders")
+    m.add_argument("--out", required=True, help="folder for the merged gradebook")
+    m.set_defaults(func=_merge)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .notebook import skip_slow_imports
+
+    skip_slow_imports()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

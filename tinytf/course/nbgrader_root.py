@@ -11,12 +11,12 @@ holds the single notebook ``exNN_name.ipynb``. So a course root looks like::
     root/autograded/<student>/ex01/...         (autograde)
     root/feedback/<student>/ex01/...html       (generate_feedback)
 
-Everything is configured programmatically (no ``nbgrader_config.py`` is read).
+Everything is configured programmatically (no ``nbgrader_config.py`` is read). The notebook
+helpers (reading, deterministic writing, cell metadata) are in :mod:`tinytf.course.notebook`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import nbformat
+from .notebook import kernel_config
 
 __all__ = [
     "COURSE_ID",
@@ -37,17 +37,10 @@ __all__ = [
     "api",
     "ensure_tool_path",
     "build_course_root",
-    "dumps_notebook",
-    "write_atomic",
-    "nbgrader_meta",
-    "HIDDEN_BEGIN",
-    "HIDDEN_END",
-    "strip_hidden",
 ]
 
 COURSE_ID = "tinytf"
 REPO = Path(__file__).resolve().parents[2]
-HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 _EX = re.compile(r"^(ex\d\d)(?:_[A-Za-z0-9_-]*)?$")
 
 
@@ -102,6 +95,7 @@ def nbgrader_config(root: str | os.PathLike, *, timeout: int = 60, max_output_li
     c.LimitOutput.max_lines = max_output_lines
     c.LimitOutput.max_traceback = 60
     c.Exchange.root = str(root / "exchange")  # never touch /srv/nbgrader
+    c.merge(kernel_config())  # encrypted kernel sockets where the kernelspec allows it
     return c
 
 
@@ -138,60 +132,3 @@ def build_course_root(solutions: dict[str, Path], root: str | os.PathLike | None
         if not result.get("success"):
             raise RuntimeError(f"nbgrader generate_assignment {ex} failed:\n{result.get('log', '')}\n{result.get('error', '')}")
     return root, names
-
-
-def nbgrader_meta(cell: dict) -> dict:
-    """The cell's ``metadata["nbgrader"]`` dict (empty when absent or malformed)."""
-    meta = cell.get("metadata", {})
-    nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
-    return nbg if isinstance(nbg, dict) else {}
-
-
-def strip_hidden(source: str) -> str:
-    """``source`` without its ``### BEGIN HIDDEN TESTS`` … ``### END HIDDEN TESTS`` blocks (lines included)."""
-    out, hidden = [], False
-    for line in source.split("\n"):
-        if HIDDEN_BEGIN in line:
-            hidden = True
-        elif HIDDEN_END in line:
-            hidden = False
-        elif not hidden:
-            out.append(line)
-    return "\n".join(out)
-
-
-def dumps_notebook(nb: Any) -> str:
-    """Deterministic JSON for a notebook: sorted keys, 1-space indent, stable cell ids, final newline.
-
-    Cell ids that are missing or duplicated are replaced by ``cell-NNN`` (position), never random.
-    """
-    nb = json.loads(json.dumps(nb))  # plain dicts, a private copy
-    nb.setdefault("nbformat", 4)
-    nb["nbformat_minor"] = max(int(nb.get("nbformat_minor", 5)), 5)
-    seen: set[str] = set()
-    for i, cell in enumerate(nb.get("cells", [])):
-        cid = cell.get("id")
-        if not isinstance(cid, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", cid) or cid in seen:
-            cid = f"cell-{i:03d}"
-        seen.add(cid)
-        cell["id"] = cid
-        if isinstance(cell.get("source"), list):
-            cell["source"] = "".join(cell["source"])
-    node = nbformat.from_dict(nb)
-    text = nbformat.writes(node, version=4)  # json with sort_keys=True, indent=1
-    return text if text.endswith("\n") else text + "\n"
-
-
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; gradebooks and exercises are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -8,21 +8,20 @@ stable cell ids and a final newline, so releasing twice gives byte-identical fil
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from .nbgrader_root import REPO, build_course_root, dumps_notebook, find_notebooks, write_atomic
+from .nbgrader_root import REPO, build_course_root, find_notebooks
+from .notebook import dumps_notebook, load_json, write_atomic
 
 __all__ = ["release", "released_text"]
 
 
 def released_text(root: Path, ex: str, name: str) -> str:
     """The deterministic text of ``root/release/<ex>/<name>``."""
-    nb = json.loads((root / "release" / ex / name).read_text(encoding="utf-8"))
-    return dumps_notebook(nb)
+    return dumps_notebook(load_json(root / "release" / ex / name))
 
 
 def release(

@@ -9,23 +9,19 @@ own session or anything a student forked into the background — is killed by th
 This limits resources; it is not a security boundary: student code runs as the grading user and can
 read what that user can read. Grade in a container or as a separate account (README, "For instructors").
 
-``python -m tinytf.course.sandbox autograde ROOT EXERCISE STUDENT --timeout S`` is the process the
-grader runs under those limits: one nbgrader autograde of one submission in its own course root.
+The grader runs :mod:`tinytf.course.autograde_job` under those limits: one nbgrader autograde of one
+submission in its own course root.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 __all__ = ["Limits", "RunResult", "run_limited", "kill_job"]
 
@@ -119,32 +115,3 @@ def run_limited(
         if log:
             out.close()
     return RunResult(rc, timed_out, time.monotonic() - start)
-
-
-def _autograde(args: argparse.Namespace) -> int:
-    from .nbgrader_root import api
-
-    a = api(args.root, timeout=args.timeout)
-    result = a.autograde(args.exercise, args.student, force=True, create=True)
-    summary = {"success": bool(result.get("success")), "log": (result.get("log") or "")[-4000:],
-               "error": (result.get("error") or "")[-4000:]}
-    Path(args.result).write_text(json.dumps(summary), encoding="utf-8")
-    return 0 if summary["success"] else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tinytf.course.sandbox")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("autograde", help="nbgrader autograde of one submission in its own course root")
-    p.add_argument("root")
-    p.add_argument("exercise")
-    p.add_argument("student")
-    p.add_argument("--timeout", type=int, default=60, help="per-cell timeout (s)")
-    p.add_argument("--result", required=True, help="JSON file for nbgrader's verdict")
-    p.set_defaults(func=_autograde)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .nbgrader_root import REPO, exercise_id, nbgrader_meta
+from .nbgrader_root import REPO, exercise_id
+from .notebook import cell_source, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook
 
 __all__ = ["CellCheck", "Report", "validate", "format_report", "self_check", "diagnose_json"]
 
@@ -57,31 +58,21 @@ class Report:
         return not self.fatal and not self.structure and all(c.status == "pass" for c in self.cells) and not self.findings
 
 
-def _src(cell: dict) -> str:
-    s = cell.get("source", "")
-    return "".join(s) if isinstance(s, list) else str(s)
-
-
 def _released_path(ex: str, released_dir: Path) -> Path | None:
     hits = sorted(released_dir.glob(f"{ex}_*.ipynb")) + sorted(released_dir.glob(f"{ex}.ipynb"))
     return hits[0] if hits else None
-
-
-def _is_test(cell: dict) -> bool:
-    meta = nbgrader_meta(cell)
-    return bool(meta.get("grade")) and not meta.get("solution") and cell.get("cell_type") == "code"
 
 
 def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict, list[tuple[str, float]]]:
     """The notebook to execute (released tests restored) and the ``(grade_id, points)`` to report on."""
     nb = copy.deepcopy(student)
     for cell in nb["cells"]:
-        cell["source"] = _src(cell)
+        cell["source"] = cell_source(cell)
     if released is None:
-        tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in nb["cells"] if _is_test(c)]
+        tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in nb["cells"] if is_test_cell(c)]
         return nb, tests
     rel_cells = released["cells"]
-    tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in rel_cells if _is_test(c)]
+    tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in rel_cells if is_test_cell(c)]
     if rel_cells and not any(nbgrader_meta(c) for c in nb["cells"]):
         report.structure.append("the notebook has no nbgrader cell metadata (an editor stripped it?): the grader cannot find "
                                 "any test cell; start again from the released exercise and copy your answers over")
@@ -92,7 +83,7 @@ def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict
             continue
         mine = by_id.get(gid)
         if mine is None:
-            if _is_test(rel):
+            if is_test_cell(rel):
                 report.structure.append(f"test cell {gid} was deleted or renamed: it is worth 0 when graded; "
                                         "copy it back from the released exercise")
             # put the released cell back after its predecessor so the run matches grading
@@ -100,14 +91,14 @@ def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict
             prev = next((g for g in reversed(before) if g in by_id), None)
             idx = next((j + 1 for j, c in enumerate(nb["cells"]) if prev and nbgrader_meta(c).get("grade_id") == prev), len(nb["cells"]))
             restored = copy.deepcopy(rel)
-            restored["source"] = _src(rel)
+            restored["source"] = cell_source(rel)
             nb["cells"].insert(idx, restored)
             by_id[gid] = restored
-        elif _src(mine).strip() != _src(rel).strip():
-            if _is_test(rel):
+        elif cell_source(mine).strip() != cell_source(rel).strip():
+            if is_test_cell(rel):
                 report.structure.append(f"test cell {gid} was edited: edited test cells earn 0 when graded; "
                                         "the released version was run here instead")
-            mine["source"] = _src(rel)
+            mine["source"] = cell_source(rel)
     return nb, tests
 
 
@@ -138,10 +129,11 @@ def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float
     os.environ.setdefault("TINYTF_HEADLESS", "1")
     os.environ.setdefault("MPLBACKEND", "Agg")
     node = nbformat.from_dict(nb)
-    node.cells = [c for c in node.cells if "self_check(" not in _src(c)]  # the diagnosis below replaces it
+    node.cells = [c for c in node.cells if "self_check(" not in cell_source(c)]  # the diagnosis below replaces it
     diag_code = f"from tinytf.course.validate import diagnose_json as _tinytf_dj\nprint({_MARK!r} + _tinytf_dj({ex!r}))"
     node.cells.append(nbformat.v4.new_code_cell(diag_code))
     client = NotebookClient(node, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
+                            config=kernel_config(),
                             error_on_timeout={"ename": "CellTimeoutError", "evalue": f"the cell ran for more than {timeout} s",
                                               "traceback": [f"CellTimeoutError: the cell ran for more than {timeout} s"]},
                             resources={"metadata": {"path": str(cwd)}})
@@ -160,7 +152,7 @@ def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float
         fatal = f"the notebook could not be run: {type(err).__name__}: {err}"[:300]
     diag = None
     for out in node.cells[-1].get("outputs", []):
-        text = _src({"source": out.get("text", "")})
+        text = cell_source({"source": out.get("text", "")})
         if _MARK in text:
             try:
                 diag = json.loads(text.split(_MARK, 1)[1].strip())
@@ -169,18 +161,9 @@ def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float
     return nbformat.from_dict(node), diag, fatal
 
 
-def _first_line(text: str, n: int = 240) -> str:
-    import re
-
-    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text).strip()
-    return (text.splitlines() or [""])[0][:n]
-
-
 def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None = None, timeout: int = 60,
              notebook_timeout: float = 600) -> Report:
     """Check one exercise notebook; see the module docstring. Never raises for a bad notebook."""
-    from .grade import read_notebook
-
     path = Path(path)
     try:
         ex = exercise_id(path)
@@ -217,15 +200,15 @@ def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None 
                 if e.get("ename") == "NotImplementedError":
                     check.message = "not implemented yet (a function it calls still raises NotImplementedError)"
                 else:
-                    check.message = f"{e.get('ename')}: {_first_line(str(e.get('evalue', '')))}".rstrip(": ")
+                    check.message = f"{e.get('ename')}: {first_line(str(e.get('evalue', '')))}".rstrip(": ")
         report.cells.append(check)
     for i, cell in enumerate(executed.cells[:-1]):
-        if _is_test(cell) or cell.get("cell_type") != "code":
+        if is_test_cell(cell) or cell.get("cell_type") != "code":
             continue
         for o in cell.get("outputs", []):
             if o.get("output_type") == "error" and o.get("ename") != "NotImplementedError":
                 name = nbgrader_meta(cell).get("grade_id") or f"cell {i + 1}"
-                report.cell_errors.append(f"{name}: {o.get('ename')}: {_first_line(str(o.get('evalue', '')))}")
+                report.cell_errors.append(f"{name}: {o.get('ename')}: {first_line(str(o.get('evalue', '')))}")
     if diag is None:
         report.diagnosis_error = "the diagnosis did not run (the kernel stopped before it)"
     elif "error" in diag:
@@ -233,6 +216,16 @@ def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None 
     else:
         report.findings = list(diag.get("findings", []))
     return report
+
+
+def _label(number: int) -> str:
+    """``"pitfall 1 (missing or wrong 1/sqrt(d_head) scaling)"`` from the catalog; ``"problem"`` for 0."""
+    from tinytf.checks.catalog import Pitfall
+
+    try:
+        return Pitfall(int(number)).label()
+    except ValueError:  # a number the catalog does not know (a newer diagnosis)
+        return f"pitfall {number}"
 
 
 def format_report(r: Report) -> str:
@@ -258,10 +251,8 @@ def format_report(r: Report) -> str:
     elif not r.findings:
         lines.append("  no known pitfall detected in your functions")
     else:
-        from tinytf.checks import PITFALLS
-
         for f in r.findings:
-            tag = f"pitfall {f['pitfall']} ({PITFALLS.get(f['pitfall'], '?')})" if f["pitfall"] else "problem"
+            tag = _label(f["pitfall"])
             lines.append(f"  x [{tag}] {f['title']}")
             lines.append(f"      {f['message']}")
     passed = sum(c.status == "pass" for c in r.cells)
@@ -287,7 +278,7 @@ def self_check(exercise: str) -> None:
         else:
             print(f"{exercise} self-check: {len(findings)} problem{'s' if len(findings) != 1 else ''} found:")
             for f in findings:
-                tag = f"pitfall {f['pitfall']}" if f["pitfall"] else "problem"
+                tag = _label(f["pitfall"])
                 print(f"  x [{tag}] {f['title']}\n      {f['message']}")
         print(f"For the full check (runs the notebook and every visible test): tinytf validate {where}")
     except BaseException as err:  # noqa: BLE001 - the last cell of an exercise must never fail

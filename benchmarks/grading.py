@@ -1,0 +1,153 @@
+"""`make bench`: what ``tinytf grade`` costs per notebook, against the notebook's own run time.
+
+Builds STUDENTS correct submissions of every exercise (the released notebook with the solution
+regions filled in), then measures
+
+* ``own_s``: each notebook executed once, directly, with nbclient in a fresh kernel (kernel start
+  included) — the floor no grader can beat;
+* ``grade``: one ``tinytf.course.grade.grade`` run over all of them with ``--jobs JOBS``: wall time,
+  the time per notebook (wall x jobs / notebooks), and its phases: building the course root,
+  the sandboxes (per job: the whole ``run_limited`` process and, from nbclient's cell timing
+  metadata, the cells themselves), and the clean judging/feedback processes.
+
+Writes build/bench/grading.json with the conditions (CPU count, load average, jobs). Timings on a
+shared machine are noisy: compare runs made under the same load.
+
+    python benchmarks/grading.py [--students 2] [--jobs 2] [--exercises ex01 ex02 ...] [--out build/bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the notebook surgery helpers of the course tests
+
+import _coursekit as K  # noqa: E402
+
+from tinytf.course import grade as grade_mod  # noqa: E402
+from tinytf.course.nbgrader_root import find_notebooks  # noqa: E402
+from tinytf.course.notebook import kernel_config  # noqa: E402
+
+
+def build_submissions(dest: Path, students: int, exercises: list[str] | None) -> dict[str, Path]:
+    """``dest/sNN/<exercise>.ipynb`` for ``students`` students; returns ``{exercise: one submission}``."""
+    sols = find_notebooks(REPO / "solutions", exercises)
+    rels = find_notebooks(REPO / "exercises", exercises)
+    one = {}
+    for ex, sol in sols.items():
+        nb = K.solved(K.load(rels[ex]), K.load(sol))
+        for s in range(students):
+            one[ex] = K.save(nb, dest / f"s{s:02d}" / sol.name)
+    return one
+
+
+def own_run_seconds(path: Path) -> float:
+    """Seconds to execute ``path`` with nbclient in a fresh kernel (start included)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True, config=kernel_config(),
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    return time.perf_counter() - start
+
+
+def _cells_seconds(nb: dict) -> float:
+    """First cell start to last cell end, from nbclient's ``metadata.execution`` timestamps."""
+    stamps = []
+    for cell in nb.get("cells", []):
+        ex = cell.get("metadata", {}).get("execution", {})
+        for key in ("iopub.execute_input", "shell.execute_reply"):
+            if key in ex:
+                stamps.append(datetime.fromisoformat(ex[key].replace("Z", "+00:00")).timestamp())
+    return max(stamps) - min(stamps) if stamps else 0.0
+
+
+def _timed(phases: dict[str, float], key: str, fn):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            phases[key] = phases.get(key, 0.0) + time.perf_counter() - start
+
+    return wrapper
+
+
+def _job_times(work: Path) -> list[dict]:
+    jobs = []
+    for sandbox in sorted(work.glob("jobs/*/sandbox.json")):
+        job = sandbox.parent
+        run = json.loads(sandbox.read_text(encoding="utf-8"))
+        graded = list(job.glob("autograded/*/*/*.ipynb"))
+        cells = _cells_seconds(json.loads(graded[0].read_text(encoding="utf-8"))) if graded else 0.0
+        jobs.append({"job": job.name, "sandbox_s": round(run["seconds"], 2), "cells_s": round(cells, 2)})
+    return jobs
+
+
+def grade_run(subs: Path, out: Path, jobs: int, exercises: list[str] | None) -> dict:
+    """One instrumented grade() run; the phases are timed by wrapping the module's own functions."""
+    phases: dict[str, float] = {}
+    patched = {name: getattr(grade_mod, name) for name in grade_mod.BENCH_PHASES}
+    for name, fn in patched.items():
+        setattr(grade_mod, name, _timed(phases, name, fn))
+    work_root = Path(tempfile.mkdtemp(prefix="tinytf-bench-"))
+    os.environ["TMPDIR"] = str(work_root)
+    tempfile.tempdir = None
+    try:
+        start = time.perf_counter()
+        results = grade_mod.grade(subs, out, exercises=exercises, jobs=jobs, progress=False, keep_work=True)
+        wall = time.perf_counter() - start
+    finally:
+        for name, fn in patched.items():
+            setattr(grade_mod, name, fn)
+        tempfile.tempdir = None
+    per_job = _job_times(next(work_root.glob("tinytf-grade-*")))
+    shutil.rmtree(work_root, ignore_errors=True)
+    n = len(results)
+    statuses = sorted({r.status for r in results})
+    return {"notebooks": n, "wall_s": round(wall, 2), "per_notebook_s": round(wall * jobs / n, 2), "statuses": statuses,
+            "phases_s": {k: round(v, 2) for k, v in phases.items()},
+            "sandbox_mean_s": round(sum(j["sandbox_s"] for j in per_job) / max(1, len(per_job)), 2),
+            "cells_mean_s": round(sum(j["cells_s"] for j in per_job) / max(1, len(per_job)), 2), "jobs": per_job}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--students", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--exercises", nargs="*", default=None)
+    parser.add_argument("--skip-own", action="store_true", help="do not time the notebooks on their own")
+    parser.add_argument("--out", default="build/bench")
+    args = parser.parse_args(argv)
+    os.environ.update(TINYTF_HEADLESS="1", MPLBACKEND="Agg", OMP_NUM_THREADS="1")
+    tmp = Path(tempfile.mkdtemp(prefix="tinytf-bench-subs-"))
+    one = build_submissions(tmp / "subs", args.students, args.exercises)
+    own = {} if args.skip_own else {ex: round(own_run_seconds(p), 2) for ex, p in sorted(one.items())}
+    run = grade_run(tmp / "subs", tmp / "out", args.jobs, args.exercises)
+    shutil.rmtree(tmp, ignore_errors=True)
+    own_mean = sum(own.values()) / len(own) if own else None
+    report = {"conditions": {"cpus": os.cpu_count(), "loadavg": os.getloadavg(), "jobs": args.jobs, "students": args.students,
+                             "exercises": sorted(one), "python": sys.version.split()[0]},
+              "own_s": own, "own_mean_s": own_mean and round(own_mean, 2), "grade": run}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grading.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(f"{run['notebooks']} notebooks, jobs={args.jobs}: wall {run['wall_s']} s, {run['per_notebook_s']} s per notebook "
+          f"(sandbox {run['sandbox_mean_s']} s, of which cells {run['cells_mean_s']} s; own run {report['own_mean_s']} s); "
+          f"phases {run['phases_s']}; statuses {run['statuses']}; load {os.getloadavg()[0]:.1f}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

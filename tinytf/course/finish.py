@@ -1,0 +1,293 @@
+"""The clean "finish" process of ``tinytf grade``: judge each graded job and write its feedback page.
+
+``python -I -m tinytf.course.finish --spec JOBS.json --course ROOT`` runs no student code. For every
+job it decides each test cell's status from the submitted notebook (deleted, renamed or edited test
+cells), nbgrader's executed notebook (errors, timeouts) and the clean-process judges
+(:mod:`tinytf.course.judges`): a cell nbgrader passed whose judge fails or whose record is missing is
+``tampered`` and earns 0. It writes the feedback HTML through ``nbgrader generate_feedback`` from a
+copy with every hidden test and every test-cell traceback removed (nbgrader 0.9.6's feedback does
+not remove hidden tests itself), and the job's verdict to ``<job>/result.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import importlib.util
+import json
+import re
+import shutil
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .gradebook import CellResult, plain_html
+from .notebook import (
+    cell_source,
+    cells_by_id,
+    first_line,
+    hidden_lines,
+    load_json,
+    nbgrader_meta,
+    skip_slow_imports,
+    strip_ansi,
+    strip_hidden,
+    write_atomic,
+)
+
+__all__ = ["CellSpec", "grade_specs", "classify_test_cell", "judge_cells", "sanitize_for_feedback", "main"]
+
+_MAX_OUTPUT = 10_000  # characters kept per output in feedback
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One graded cell of an exercise: ``kind`` is "auto" (a test cell) or "manual" (a written answer)."""
+
+    grade_id: str
+    kind: str
+    points: float
+    visible: str  # the source students see (hidden tests removed)
+    also: tuple[str, ...] = ()  # other accepted sources (the test as released to students earlier)
+
+
+def grade_specs(source_nb: dict, released: dict | None = None) -> list[CellSpec]:
+    """The graded cells of an instructor notebook, in order; ``released``: a student version handed out
+    earlier, whose test-cell sources are accepted as unedited too."""
+    earlier = {gid: strip_hidden(cell_source(c)) for gid, c in cells_by_id(released).items()} if released else {}
+    specs = []
+    for cell in source_nb.get("cells", []):
+        meta = nbgrader_meta(cell)
+        if not meta.get("grade"):
+            continue
+        kind = "manual" if meta.get("solution") or cell.get("cell_type") != "code" else "auto"
+        gid = str(meta["grade_id"])
+        also = (earlier[gid],) if gid in earlier else ()
+        specs.append(CellSpec(gid, kind, float(meta.get("points", 0) or 0), strip_hidden(cell_source(cell)), also))
+    return specs
+
+
+def _error_line(cell: dict, tb: list[str]) -> int | None:
+    """The line of ``cell`` the error passed through (from IPython's ``Cell In[n], line L``)."""
+    count = cell.get("execution_count")
+    text = strip_ansi("\n".join(tb))
+    lines = [int(m.group(2)) for m in re.finditer(r"Cell In\[(\d+)\], line (\d+)", text) if count is not None and int(m.group(1)) == count]
+    return lines[0] if lines else None
+
+
+def classify_test_cell(cell: dict) -> tuple[str, str]:
+    """``(status, message)`` of an executed test cell from its outputs (before judging)."""
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    if not errors:
+        return "ok", ""
+    err = errors[-1]
+    ename, evalue = str(err.get("ename", "Error")), strip_ansi(str(err.get("evalue", "")))
+    if ename == "CellTimeoutError":
+        return "timeout", "the cell ran past the per-cell time limit"
+    line = _error_line(cell, list(err.get("traceback", [])))
+    if line is None or line in hidden_lines(cell_source(cell)):
+        where, evalue = "a hidden test", ""
+    else:
+        where = f"line {line}"
+    msg = f"{ename}{': ' + first_line(evalue, 200) if evalue.strip() else ''} ({where})"
+    return ("failed" if ename == "AssertionError" else "error"), msg
+
+
+def _kernel_death(log: str) -> bool:
+    return any(s in log for s in ("DeadKernelError", "Kernel died", "kernel died", "KernelDied"))
+
+
+def _executed(job: Path, student: str, ex: str, name: str) -> tuple[dict, str]:
+    """nbgrader's autograded notebook (or {}) and a note on why there is none."""
+    sandbox = load_json(job / "sandbox.json")
+    verdict = load_json(job / "autograde.json") if (job / "autograde.json").exists() else {}
+    ag_path = job / "autograded" / student / ex / name
+    if sandbox["timed_out"]:
+        return {}, f"the notebook ran past the whole-notebook limit ({sandbox['limit']:g} s) and was stopped"
+    if ag_path.exists() and verdict.get("success"):
+        return load_json(ag_path), ""
+    log = verdict.get("log", "") + verdict.get("error", "")
+    if _kernel_death(log) or not verdict:
+        return {}, "the notebook's kernel died (os._exit, a crash, or the memory limit) and grading stopped"
+    return {}, "nbgrader could not grade this notebook: " + (log.strip().splitlines() or ["no log"])[-1][:200]
+
+
+def _cell_status(spec: CellSpec, cell: dict | None, executed: dict[str, dict], records: dict, timed_out: bool,
+                 note: str) -> tuple[str, str]:
+    """``(status, message)`` of one graded cell of one job."""
+    from .judges import run_judge
+
+    if cell is None:
+        return "missing-cell", "this test cell is missing from the submission (deleted, renamed, or metadata stripped)"
+    if spec.kind == "manual":
+        return "needs-manual-grade", "written answer: an instructor grades it"
+    if cell_source(cell).strip() not in {spec.visible.strip(), *(a.strip() for a in spec.also)}:
+        return "tampered", "this locked test cell was edited; edited test cells earn 0"
+    if timed_out:
+        return "timeout", note
+    if not executed:
+        return "error", note
+    if spec.grade_id not in executed:
+        return "missing-cell", "this test cell is missing from the graded notebook"
+    status, message = classify_test_cell(executed[spec.grade_id])
+    if status != "ok":
+        return status, message
+    rec = records.get(spec.grade_id)
+    if rec is None:
+        return "tampered", "the cell passed but exported no result for the independent check"
+    passed, why = run_judge(spec.grade_id, rec["value"], rec["inputs"])
+    if not passed:
+        return "tampered", f"the cell passed but the independent check disagrees: {why}"[:300]
+    return "ok", ""
+
+
+def judge_cells(job: Path, course: Path, ex: str, student: str, name: str, submission: Path) -> tuple[list[CellResult], str, dict]:
+    """Per-cell results for one job, a one-line note, and the autograded notebook (or {})."""
+    from .record import load_records
+
+    also_path = course / "released-earlier" / name
+    specs = grade_specs(load_json(course / "source" / ex / name), load_json(also_path) if also_path.exists() else None)
+    submitted = cells_by_id(load_json(submission))
+    autograded, note = _executed(job, student, ex, name)
+    if not submitted:
+        note = (note + "; " if note else "") + "the submission has no nbgrader cell metadata (stripped?)"
+    records = load_records(job / "records")
+    executed = cells_by_id(autograded)
+    timed_out = bool(load_json(job / "sandbox.json")["timed_out"])
+    results = []
+    for spec in specs:
+        status, message = _cell_status(spec, submitted.get(spec.grade_id), executed, records, timed_out, note)
+        results.append(CellResult(student, ex, spec.grade_id, spec.points if status == "ok" else 0.0, spec.points, status, message))
+    return results, note, autograded
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= _MAX_OUTPUT else text[:_MAX_OUTPUT] + f"\n… (output truncated: {len(text):,} characters)"
+
+
+def _trimmed(outputs: list[dict]) -> list[dict]:
+    for out in outputs:
+        if out.get("output_type") == "stream":
+            out["text"] = _truncate(cell_source({"source": out.get("text", "")}))
+        elif out.get("output_type") == "error":
+            out["traceback"] = [_truncate("\n".join(out.get("traceback", [])))]
+        else:
+            data = out.get("data", {})
+            for key in list(data):
+                if isinstance(data[key], (str, list)):
+                    data[key] = _truncate(cell_source({"source": data[key]}))
+    return outputs
+
+
+def sanitize_for_feedback(nb: dict, cells: list[CellResult]) -> dict:
+    """A copy safe to show students: hidden tests and test-cell outputs removed, long outputs cut."""
+    nb = json.loads(json.dumps(nb))
+    by_id = {c.cell: c for c in cells}
+    for cell in nb.get("cells", []):
+        src = cell_source(cell)
+        meta = nbgrader_meta(cell)
+        if "HIDDEN TESTS" in src:
+            cell["source"] = strip_hidden(src)
+        if cell.get("cell_type") != "code":
+            continue
+        if meta.get("grade_id") in by_id and meta.get("grade") and not meta.get("solution"):  # a test cell
+            r = by_id[meta["grade_id"]]
+            text = f"{r.status}: {r.message}" if r.message else r.status
+            cell["outputs"] = [] if r.status == "ok" else [{"output_type": "stream", "name": "stderr", "text": text + "\n"}]
+        else:
+            cell["outputs"] = _trimmed(cell.get("outputs", []))
+    return nb
+
+
+def _summary_cell(ex: str, student: str, cells: list[CellResult], note: str) -> dict:
+    rows = "\n".join(f"| `{c.cell}` | {c.points:g} / {c.max_points:g} | {c.status} | {html.escape(c.message)} |" for c in cells)
+    total = sum(c.points for c in cells)
+    best = sum(c.max_points for c in cells)
+    text = f"## tinytf grading: {ex} for {student}\n\n**{total:g} / {best:g} points** (written answers are added by an instructor).\n\n"
+    if note:
+        text += f"Note: {html.escape(note)}\n\n"
+    text += "| test cell | points | status | details |\n|---|---|---|---|\n" + rows + "\n"
+    return {"cell_type": "markdown", "id": "tinytf-grading-summary", "metadata": {}, "source": text}
+
+
+def _zero_failed(job: Path, ex: str, student: str, name: str, cells: list[CellResult]) -> None:
+    """Our verdict overrides nbgrader's in the job's gradebook, so its feedback page shows our points."""
+    from nbgrader.api import Gradebook
+
+    from .nbgrader_root import COURSE_ID
+
+    with Gradebook(f"sqlite:///{job / 'gradebook.db'}", COURSE_ID) as gb:
+        for c in cells:
+            if c.status not in ("ok", "needs-manual-grade"):
+                try:
+                    g = gb.find_grade(c.cell, Path(name).stem, ex, student)
+                except Exception:  # noqa: BLE001 - a cell nbgrader never saw
+                    continue
+                g.manual_score = 0.0
+        gb.db.commit()
+
+
+def _feedback(job: Path, ex: str, student: str, name: str, cells: list[CellResult], note: str, autograded: dict) -> Path:
+    out = job / "feedback.html"
+    if not autograded:
+        write_atomic(out, plain_html(ex, student, cells, note))
+        return out
+    nb = sanitize_for_feedback(autograded, cells)
+    nb["cells"].insert(0, _summary_cell(ex, student, cells, note))
+    write_atomic(job / "autograded" / student / ex / name, json.dumps(nb))
+    try:
+        from .nbgrader_root import api
+
+        _zero_failed(job, ex, student, name, cells)
+        result = api(job).generate_feedback(ex, student, force=True)
+        html_path = job / "feedback" / student / ex / (Path(name).stem + ".html")
+        if result.get("success") and html_path.exists():
+            shutil.copyfile(html_path, out)
+            return out
+    except Exception:  # noqa: BLE001 - fall back to the plain page below
+        pass
+    write_atomic(out, plain_html(ex, student, cells, note))
+    return out
+
+
+def _load_judge_files(files: Iterable[str]) -> None:
+    for i, path in enumerate(files):
+        spec = importlib.util.spec_from_file_location(f"_tinytf_extra_judges_{i}", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load judges from {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+def finish(spec: Path, course: Path, judge_files: Iterable[str] = ()) -> None:
+    """Judge and render feedback for every job listed in ``spec`` (a JSON list), one by one."""
+    from .nbgrader_root import ensure_tool_path
+
+    ensure_tool_path()
+    _load_judge_files(judge_files)
+    for item in load_json(spec):
+        job = Path(item["job"])
+        try:
+            cells, note, autograded = judge_cells(job, course, item["exercise"], item["student"], item["name"], Path(item["submission"]))
+            fb = _feedback(job, item["exercise"], item["student"], item["name"], cells, note, autograded)
+            payload = {"note": note, "feedback": str(fb), "cells": [asdict(c) for c in cells]}
+        except Exception as err:  # noqa: BLE001 - one broken job must not stop the others
+            payload = {"error": f"{type(err).__name__}: {err}"[:300]}
+        write_atomic(job / "result.json", json.dumps(payload))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -I -m tinytf.course.finish --spec JOBS.json --course ROOT [--judge-file F ...]``."""
+    skip_slow_imports()
+    parser = argparse.ArgumentParser(prog="python -m tinytf.course.finish")
+    parser.add_argument("--spec", required=True, help="JSON list of jobs to judge")
+    parser.add_argument("--course", required=True)
+    parser.add_argument("--judge-file", action="append", default=[])
+    args = parser.parse_args(argv)
+    finish(Path(args.spec), Path(args.course), args.judge_file)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
