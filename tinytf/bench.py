@@ -119,35 +119,13 @@ def benchmark(
     if warmup < 0 or iters < 1:
         raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
     dev = torch.device(device)
-    is_cuda = dev.type == "cuda" and torch.cuda.is_available()
     for _ in range(warmup):
         fn()
     synchronize(dev)
-    times: list[float] = []
-    peak: int | None = None
-    if is_cuda:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        with PeakMemoryMeter(dev) as meter:
-            for s, e in zip(starts, ends):
-                s.record()
-                fn()
-                e.record()
-            torch.cuda.synchronize(dev)
-        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]  # milliseconds
-        peak = meter.peak if memory else None
-        timer = "cuda events"
+    if dev.type == "cuda" and torch.cuda.is_available():
+        times, peak, method, timer = _time_cuda(fn, dev, iters, memory)
     else:
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            synchronize(dev)
-            times.append((time.perf_counter() - t0) * 1e3)
-        if memory:
-            with PeakMemoryMeter(dev) as meter:
-                fn()
-            peak = meter.peak
-        timer = "time.perf_counter"
+        times, peak, method, timer = _time_host(fn, dev, iters, memory)
     if tokens is None and "B" in conditions and "T" in conditions:
         tokens = int(conditions["B"]) * int(conditions["T"])
     median = statistics.median(times)
@@ -158,7 +136,7 @@ def benchmark(
         "warmup": warmup,
         "iters": iters,
         "timer": timer,
-        "memory_method": (meter.method if memory else None),
+        "memory_method": method,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),
@@ -175,6 +153,35 @@ def benchmark(
         times_ms=times,
         conditions=conds,
     )
+
+
+def _time_cuda(fn: Callable[[], Any], dev: torch.device, iters: int, memory: bool) -> tuple[list[float], int | None, str | None, str]:
+    """``iters`` calls bracketed by CUDA events, read after one synchronisation; peak over all of them."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    with PeakMemoryMeter(dev) as meter:
+        for s, e in zip(starts, ends):
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(dev)
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]  # milliseconds
+    return times, (meter.peak if memory else None), (meter.method if memory else None), "cuda events"
+
+
+def _time_host(fn: Callable[[], Any], dev: torch.device, iters: int, memory: bool) -> tuple[list[float], int | None, str | None, str]:
+    """``iters`` calls timed with ``perf_counter`` (synchronised); peak memory in one extra untimed call."""
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(dev)
+        times.append((time.perf_counter() - t0) * 1e3)
+    if not memory:
+        return times, None, None, "time.perf_counter"
+    with PeakMemoryMeter(dev) as meter:
+        fn()
+    return times, meter.peak, meter.method, "time.perf_counter"
 
 
 @functools.cache
