@@ -32,7 +32,8 @@ def heatmap(fig: Figure):
 
 
 def hatched(ax) -> list[Rectangle]:
-    return [p for p in ax.patches if isinstance(p, Rectangle) and p.get_hatch()]
+    """The hatched cells that are drawn (one patch per cell exists; the mask decides which show)."""
+    return [p for p in ax.get_children() if isinstance(p, Rectangle) and p.get_hatch() and p.get_visible()]
 
 
 @pytest.mark.parametrize(

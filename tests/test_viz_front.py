@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from tinytf.viz import _front
 from tinytf.viz import attention as att
@@ -47,7 +48,7 @@ def signature(fig: Figure) -> list:
             "lines": [(_arr(ln.get_xdata()), _arr(ln.get_ydata()), ln.get_label()) for ln in ax.lines if ln in vis],
             "areas": [[_arr(p.vertices) for p in c.get_paths()] for c in ax.collections if c in vis],
             "texts": [(t.get_text(), t.get_position(), getattr(t, "xy", None), t.get_color()) for t in ax.texts if t in vis],
-            "patches": [(p.get_xy(), p.get_hatch()) for p in ax.patches if p in vis],
+            "patches": [(p.get_xy(), p.get_hatch()) for p in vis if isinstance(p, Rectangle) and p is not ax.patch],
             "limits": (ax.get_xlim(), ax.get_ylim(), ax.get_xscale(), ax.get_yscale()),
             "title": ax.get_title(),
             "ticks": [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels()],
@@ -144,3 +145,25 @@ def test_choices_and_figure_or_message():
     assert "layers must be positive" in msg.axes[0].texts[0].get_text()
     assert isinstance(_front.figure_or_message(vc.cache_figure, layers=2), Figure)
     plt.close("all")
+
+
+def test_blitted_redraw_is_pixel_identical_to_a_full_draw_of_a_fresh_figure():
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from tinytf.viz import attention
+    from tinytf.viz._front import render_png
+
+    def full(fig):
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        return np.asarray(canvas.buffer_rgba()).copy()
+
+    fig = attention.attention_figure()
+    render_png(fig)  # draws and caches the background
+    for head, mask, scaling in [(1, "causal", "none"), (0, "none", "1/sqrt(d)"), (1, "causal", "temperature")]:
+        assert attention.update_attention_figure(fig, head=head, mask=mask, scaling=scaling)
+        render_png(fig)  # background restored, only the changing artists drawn
+        blitted = np.asarray(fig.canvas.buffer_rgba()).copy()
+        fresh = full(attention.attention_figure(head=head, mask=mask, scaling=scaling))
+        assert blitted.shape == fresh.shape and np.array_equal(blitted, fresh), (head, mask, scaling)

@@ -77,16 +77,45 @@ def figure_or_message(figure_fn: Callable[..., Any], **options: Any) -> Any:
 
 
 def render_png(fig: Any) -> bytes:
-    """``fig`` as PNG bytes at its own dpi: one Agg draw and a fast (level-1) PNG encoding."""
+    """``fig`` as PNG bytes at its own dpi: one Agg draw and a fast (level-1) PNG encoding.
+
+    A figure whose remembered parts name the artists an update changes (``parts.artists()``) is
+    blitted: the rest (axes, tick labels, colour bar) is drawn once and kept as a background, and
+    each later call restores it and draws only those artists, in the order given.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from PIL import Image
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
-    canvas.draw()
+    parts = recall(fig)
+    if hasattr(parts, "artists"):
+        _blit(fig, canvas, list(parts.artists()))
+    else:
+        canvas.draw()
     w, h = canvas.get_width_height(physical=True)
     buf = io.BytesIO()
     Image.frombuffer("RGBA", (w, h), canvas.buffer_rgba(), "raw", "RGBA", 0, 1).save(buf, format="png", compress_level=1)
     return buf.getvalue()
+
+
+def _blit(fig: Any, canvas: Any, artists: list[Any]) -> None:
+    """Restore ``fig``'s cached background (drawing it first if there is none for this size) and
+    draw ``artists`` over it."""
+    key = (canvas.get_width_height(physical=True), fig.dpi)
+    cached = getattr(fig, "_tinytf_background", None)
+    if cached is None or cached[0] != key:
+        for a in artists:
+            a.set_animated(True)  # left out of the full draw: the background
+        try:
+            canvas.draw()
+            fig._tinytf_background = (key, canvas.copy_from_bbox(fig.bbox))
+        finally:
+            for a in artists:
+                a.set_animated(False)
+    else:
+        canvas.restore_region(cached[1])
+    for a in artists:
+        fig.draw_artist(a)
 
 
 def _show(fig: Any) -> None:

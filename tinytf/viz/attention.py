@@ -150,6 +150,11 @@ class _Heatmap:
     cells: list  # [T*T] text artists (annotate) or []
     hatches: list = field(default_factory=list)
 
+    def artists(self) -> list:
+        """What an update changes, in drawing order (spines over the image, as in a full draw)."""
+        ax = self.image.axes
+        return [self.image, *self.hatches, *ax.spines.values(), *self.cells, self.title]
+
 
 def _heatmap_data(head: int, heads: int, annotate: bool | None, options: dict[str, Any]) -> dict[str, Any]:
     """Everything the heatmap shows, computed (and validated) before any artist is touched."""
@@ -171,6 +176,7 @@ def _heatmap_layout(tokens: tuple[str, ...], annotate: bool) -> tuple[Any, _Heat
     """The figure for ``tokens``: axes, tick labels, colour bar, an empty image and title."""
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.patches import Rectangle
 
     t = len(tokens)
     size = 2.2 + 0.42 * t
@@ -178,27 +184,27 @@ def _heatmap_layout(tokens: tuple[str, ...], annotate: bool) -> tuple[Any, _Heat
     cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")  # masked cells: light grey (and hatched)
     im = ax.imshow(np.zeros((t, t)), cmap=cmap, vmin=0.0, vmax=1.0)
     cells = [ax.text(j, i, "", ha="center", va="center", fontsize=7) for i in range(t) for j in range(t)] if annotate else []
+    hatches = [Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#8c8c8c", lw=0, visible=False)
+               for i in range(t) for j in range(t)]  # one per cell, shown where the mask blocks it
+    for patch in hatches:
+        ax.add_artist(patch)  # add_artist, not add_patch: the image already fixed the limits
     ax.set_xticks(range(t), tokens, rotation=60, ha="right")
     ax.set_yticks(range(t), tokens)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
     title = ax.set_title("", fontsize=9, y=1.0)  # y given: no per-draw title placement
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight (each row sums to 1)")
-    return fig, _Heatmap((tokens, annotate), im, title, cells)
+    return fig, _Heatmap((tokens, annotate), im, title, cells, hatches)
 
 
 def _heatmap_fill(parts: _Heatmap, data: dict[str, Any]) -> None:
     """Put ``data``'s weights, blocked cells, numbers and title into the artists."""
     import numpy as np
-    from matplotlib.patches import Rectangle
 
     w, blocked = data["w"], data["blocked"]
     parts.image.set_data(np.ma.masked_array(w, mask=blocked))
-    for patch in parts.hatches:
-        patch.remove()
-    ax = parts.image.axes
-    parts.hatches = [ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#8c8c8c", lw=0))
-                     for i, j in zip(*np.nonzero(blocked))]  # blocked reads as "blocked", not "0"
+    for patch, hide in zip(parts.hatches, blocked.ravel()):
+        patch.set_visible(bool(hide))  # blocked reads as "blocked", not "0"
     for k, cell in enumerate(parts.cells):
         i, j = divmod(k, w.shape[1])
         cell.set_visible(not blocked[i, j])
