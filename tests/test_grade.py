@@ -242,3 +242,16 @@ def test_sandbox_stops_a_loop_at_the_wall_limit_and_limits_memory(tmp_path):
     assert res.timed_out and res.returncode is None, "an endless loop is stopped by the limit, never finishes by itself"
     res = run_limited([sys.executable, "-c", "b = bytearray(2 * 1024 ** 3)"], Limits(timeout=300, memory_mb=512), log=tmp_path / "log")
     assert not res.timed_out and res.returncode != 0 and "MemoryError" in (tmp_path / "log").read_text()
+
+
+def test_feedback_joins_stream_chunks_so_pages_do_not_depend_on_timing():
+    cell = {"cell_type": "code", "metadata": {}, "source": "print('a'); print('b')",
+            "outputs": [{"output_type": "stream", "name": "stdout", "text": "exp:\n"},
+                        {"output_type": "stream", "name": "stdout", "text": "tensor([1.])\n"},
+                        {"output_type": "stream", "name": "stderr", "text": "warn\n"}]}
+    whole = dict(cell, outputs=[{"output_type": "stream", "name": "stdout", "text": "exp:\ntensor([1.])\n"},
+                                {"output_type": "stream", "name": "stderr", "text": "warn\n"}])
+    split_page = sanitize_for_feedback({"cells": [cell]}, [])
+    whole_page = sanitize_for_feedback({"cells": [whole]}, [])
+    assert split_page == whole_page
+    assert [o["text"] for o in split_page["cells"][0]["outputs"]] == ["exp:\ntensor([1.])\n", "warn\n"]

@@ -166,7 +166,22 @@ def _truncate(text: str) -> str:
     return text if len(text) <= _MAX_OUTPUT else text[:_MAX_OUTPUT] + f"\n… (output truncated: {len(text):,} characters)"
 
 
+def _coalesced(outputs: list[dict]) -> list[dict]:
+    """Consecutive stream outputs of one stream joined: how a kernel split its prints into messages
+    depends on timing, and the feedback page must be the same on every run."""
+    merged: list[dict] = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
+                and prev.get("name") == out.get("name")):
+            prev["text"] = cell_source({"source": prev.get("text", "")}) + cell_source({"source": out.get("text", "")})
+        else:
+            merged.append(out)
+    return merged
+
+
 def _trimmed(outputs: list[dict]) -> list[dict]:
+    outputs = _coalesced(outputs)
     for out in outputs:
         if out.get("output_type") == "stream":
             out["text"] = _truncate(cell_source({"source": out.get("text", "")}))
