@@ -203,8 +203,8 @@ def _probe_attention(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dic
 def _probe_cross(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
     from tinytf import MultiHeadAttention, padding_mask, scaled_dot_product_attention
 
-    heads = _size(gen, 1, 4)
-    dim, b, tq = heads * _size(gen, 2, 6), _size(gen, 1, 3), _size(gen, 1, 6)
+    heads = _size(gen, 2, 4)  # with one head a view after transpose would still work
+    dim, b, tq = heads * _size(gen, 2, 6), _size(gen, 1, 3), _size(gen, 2, 6)
     tk = tq + _size(gen, 1, 4)
     mha = MultiHeadAttention(dim, heads)
     with torch.no_grad():

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tinytf.checks import Finding, Pitfall, found
+from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
 from . import Probe, call_student, judge_findings
@@ -178,10 +178,10 @@ def _causal_findings(rows: dict[str, dict[int, dict[str, float]]], conditions: d
         if got in causal:
             continue
         what = "without the causal mask" if got in plain and not set(plain) & set(causal) else "on something else"
-        findings.append(found(Pitfall.MASK, f"benchmark_attention measures {name} {what}",
-                              f"benchmark_attention((32, 64), causal=True) records mask={conditions.get('mask')!r}, but {name} at "
-                              f"T=64 saved {got:,d} bytes; with is_causal=True it saves {causal[0]:,d}. Pass causal on: "
-                              f"fn(q, k, v, causal) for both paths."))
+        findings.append(Finding(Pitfall.MASK, f"benchmark_attention measures {name} {what}",
+                                f"benchmark_attention((32, 64), causal=True) records mask={conditions.get('mask')!r}, but {name} at "
+                                f"T=64 saved {got:,d} bytes; with is_causal=True it saves {causal[0]:,d}. Pass causal on: "
+                                f"fn(q, k, v, causal) for both paths."))
     return findings
 
 

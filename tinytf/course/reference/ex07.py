@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall, found
+from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
 from . import call_student, judge_findings
@@ -179,9 +179,10 @@ def _name_step_mask(attn: Any, x: torch.Tensor, got: list[Any]) -> Finding | Non
             ref = _masked_steps(attn, x, [0, 4, 5, 6], allowed)
             if all(isinstance(g, torch.Tensor) and g.shape == r.shape and torch.allclose(g, r, atol=1e-4, equal_nan=True)
                    for g, r in zip(got, ref)):
-                return found(Pitfall.CAUSAL_OFF_BY_ONE, title,
-                             f"{meaning}. Seen with a prefill of 4 tokens then decode steps at positions 4 and 5: the new tokens "
-                             "at absolute positions past .. past + t - 1 may read keys 0 .. their own position.")
+                return Finding(Pitfall.CAUSAL_OFF_BY_ONE, title,
+                               f"{meaning}. Seen with a prefill of 4 tokens then decode steps at positions 4 and 5: the new tokens "
+                               "at absolute positions past .. past + t - 1 may read keys 0 .. their own position: "
+                               "tinytf.causal_mask(t, past + t).")
     return None
 
 
