@@ -7,17 +7,19 @@ Student code: ``attention(q, k, v, mask=None)``, ``CrossAttention(dim, heads)`` 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ..judges import judge
-from . import call_student, check_parts, stub_or
+from . import Probe, call_student, check_parts, judge_findings, stub_or
 from .validators import close, float_inputs, has_keys, number, shape_of, tensor
 
-__all__ = ["reference_cross", "diagnose"]
+__all__ = ["reference_cross", "swapped", "named_findings", "diagnose", "PROBES"]
 
 PROBE_KEYS = ("encoder_effect", "padding_leak")
 
@@ -73,7 +75,7 @@ def _judge_encdec(value: Any, src: torch.Tensor, tgt: torch.Tensor, lengths: tor
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-def _diagnose_cross(cls: Any, attention_ok: bool) -> list[Finding]:
+def _diagnose_cross(cls: Any) -> list[Finding]:
     from tinytf import MultiHeadAttention, padding_mask
 
     torch.manual_seed(5)  # the module's own initialisation is overwritten below
@@ -96,27 +98,41 @@ def _diagnose_cross(cls: Any, attention_ok: bool) -> list[Finding]:
     with torch.no_grad():
         out, problem = call_student("CrossAttention.forward", cross, x, ctx)
         if problem:
-            shapes = "shape" in problem.message or "size" in problem.message
-            hint = " Take Tq from x and Tk from context: they differ in cross-attention." if shapes else ""
-            return [Finding(problem.pitfall, problem.title, problem.message + hint)]
+            return [_explain_crash(cross, x, problem)]
         expected = mha(x, context=ctx)
         if not isinstance(out, torch.Tensor) or out.shape != expected.shape:
             return [Finding(Pitfall.ORIENTATION, "CrossAttention returns the wrong shape",
                             f"expected [B, Tq, D] = {list(expected.shape)}, got {shape_of(out)}.")]
         if not torch.allclose(out, expected, atol=1e-4):
-            msg = "with the weights of tinytf.MultiHeadAttention the outputs differ."
-            if not attention_ok:
-                msg += " Fix attention() first: CrossAttention uses it."
-            else:
-                msg += (" Check: q from x, k and v from context; split heads with view(B, T, H, d).transpose(1, 2); "
-                        "merge with transpose(1, 2).reshape(B, Tq, D); then out_proj.")
-            return [Finding(Pitfall.GENERAL, "CrossAttention differs from the reference", msg)]
+            return [_explain_difference(cross, x, ctx, out, expected)]
         masked, problem = call_student("CrossAttention.forward with a padding mask", cross, x, ctx, pad)
         if problem:
             return [problem]
         if not torch.allclose(masked, mha(x, context=ctx, mask=pad), atol=1e-4):
             return [Finding(Pitfall.MASK, "CrossAttention ignores or misuses the mask", "pass mask on to attention(q, k, v, mask).")]
     return []
+
+
+def _explain_difference(cross: Any, x: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor, expected: torch.Tensor) -> Finding:
+    """Name what differs when CrossAttention runs but disagrees with tinytf.MultiHeadAttention."""
+    first = ", ".join(f"{float(z):.4f}" for z in expected[0, 0, :3])
+    return Finding(Pitfall.GENERAL, "CrossAttention differs from the reference",
+                   f"with x [2, 3, 12], context [2, 5, 12] and the weights of tinytf.MultiHeadAttention, out[0, 0, :3] should be "
+                   f"[{first}], got [{', '.join(f'{float(z):.4f}' for z in out[0, 0, :3])}]. Check: q from x, k and v from context; "
+                   "split heads with view(B, T, H, d).transpose(1, 2); merge with transpose(1, 2).reshape(B, Tq, D); then out_proj.")
+
+
+def _explain_crash(cross: Any, x: torch.Tensor, problem: Finding) -> Finding:
+    """Name the mistake behind a crash of CrossAttention.forward(x [2, 3, 12], context [2, 5, 12])."""
+    if "view size is not compatible" in problem.message:
+        return found(Pitfall.VIEW_AFTER_TRANSPOSE, "CrossAttention calls view on a transposed tensor",
+                     f"forward(x [2, 3, 12], context [2, 5, 12]) raised: {problem.message}")
+    _, same_length = call_student("CrossAttention.forward", cross, x, x)
+    if same_length is None:  # works when Tq == Tk: the lengths are mixed up
+        return Finding(Pitfall.ORIENTATION, "CrossAttention mixes up Tq and Tk",
+                       f"forward works when context has as many tokens as x, but with x [2, 3, 12] and context [2, 5, 12] "
+                       f"it raised {problem.message}. Split q with Tq = x.size(1) and k, v with Tk = context.size(1).")
+    return problem
 
 
 def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
@@ -155,12 +171,104 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     return findings
 
 
+# ---- probes: the judges' inputs, drawn afresh on the student's machine --------------------------
+
+
+@contextmanager
+def swapped(namespace: dict[str, Any], **objects: Any) -> Iterator[None]:
+    """Bind ``objects`` in ``namespace`` for the duration (a later task runs on tinytf's earlier parts)."""
+    saved = {name: namespace.get(name) for name in objects}
+    namespace.update(objects)
+    try:
+        yield
+    finally:
+        namespace.update(saved)
+
+
+def _size(gen: torch.Generator, lo: int, hi: int) -> int:
+    return int(torch.randint(lo, hi, (), generator=gen))
+
+
+def _probe_attention(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    from tinytf import padding_mask
+
+    b, h, tq, d, dv = _size(gen, 1, 3), _size(gen, 1, 4), _size(gen, 2, 7), _size(gen, 3, 12), _size(gen, 2, 7)
+    tk = tq + _size(gen, 1, 5)
+    q, k, v = torch.randn(b, h, tq, d, generator=gen), torch.randn(b, h, tk, d, generator=gen), torch.randn(b, h, tk, dv, generator=gen)
+    mask = padding_mask(torch.randint(1, tk, (b,), generator=gen), tk)
+    fn = ns["attention"]
+    return {"plain": fn(q, k, v), "masked": fn(q, k, v, mask)}, {"q": q, "k": k, "v": v, "mask": mask}
+
+
+def _probe_cross(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    from tinytf import MultiHeadAttention, padding_mask, scaled_dot_product_attention
+
+    heads = _size(gen, 2, 4)  # with one head a view after transpose would still work
+    dim, b, tq = heads * _size(gen, 2, 6), _size(gen, 1, 3), _size(gen, 2, 6)
+    tk = tq + _size(gen, 1, 4)
+    mha = MultiHeadAttention(dim, heads)
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    x, ctx = torch.randn(b, tq, dim, generator=gen), torch.randn(b, tk, dim, generator=gen)
+    mask = padding_mask(torch.randint(1, tk, (b,), generator=gen), tk)
+    with swapped(ns, attention=scaled_dot_product_attention), torch.no_grad():  # part B is graded on its own
+        cross = ns["load_from_tinytf"](ns["CrossAttention"](dim, heads), mha)
+        value = {"plain": cross(x, ctx), "masked": cross(x, ctx, mask)}
+    weights = {"qkv_weight": mha.qkv.weight.detach(), "qkv_bias": mha.qkv.bias.detach(),
+               "proj_weight": mha.proj.weight.detach(), "proj_bias": mha.proj.bias.detach()}
+    return value, {"x": x, "context": ctx, "mask": mask, "heads": heads, **weights}
+
+
+def _probe_encdec(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    heads = _size(gen, 1, 4)
+    dim, b, tq = heads * _size(gen, 2, 6), _size(gen, 2, 4), _size(gen, 1, 6)
+    tk = tq + _size(gen, 2, 5)
+    lengths = torch.randint(1, tk, (b,), generator=gen)
+    good = ns["TinyEncoderDecoder"](dim, heads)
+    with torch.no_grad():
+        for p in good.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.2)
+    good.eval()
+    leaky = ns["TinyEncoderDecoder"](dim, heads, leaky=True).eval()
+    leaky.load_state_dict(good.state_dict())
+    src, tgt = torch.randn(b, tk, dim, generator=gen), torch.randn(b, tq, dim, generator=gen)
+    fn = ns["probe_encoder_decoder"]
+    value = {"good": fn(good, src, tgt, lengths), "leaky": fn(leaky, src, tgt, lengths)}
+    return value, {"src": src, "tgt": tgt, "lengths": lengths, "dim": dim, "heads": heads}
+
+
+PROBES: dict[str, Probe] = {"ex05_attention": _probe_attention, "ex05_cross": _probe_cross, "ex05_encdec": _probe_encdec}
+
+
+def named_findings(namespace: dict[str, Any], parts: list[tuple[str | tuple[str, ...], str, Any]]) -> tuple[list[Finding], set[str]]:
+    """``(findings, covered)``: :func:`check_parts` on each ``(names, grade_id, check)`` of ``parts``;
+    ``covered`` holds the grade ids whose task already has a named finding."""
+    findings: list[Finding] = []
+    covered: set[str] = set()
+    for names, grade_id, check in parts:
+        found_here = check_parts(namespace, [(names, check)])
+        findings += found_here
+        if found_here:
+            covered.add(grade_id)
+    return findings, covered
+
+
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex05 code in ``namespace`` (empty when all looks right); never raises."""
     from tinytf.checks import diagnose_attention
 
-    findings = check_parts(namespace, [("attention", lambda fn: stub_or("attention", diagnose_attention(fn)))])
-    attention_ok = not findings
-    findings += check_parts(namespace, [("CrossAttention", lambda cls: _diagnose_cross(cls, attention_ok)),
-                                        ("probe_encoder_decoder", lambda fn: _diagnose_probe(fn, namespace))])
-    return findings
+    findings, covered = named_findings(namespace, [("attention", "ex05_attention",
+                                                    lambda fn: stub_or("attention", diagnose_attention(fn)))])
+    mine = namespace.get("attention") if not findings else _reference_attention()  # part B is judged on its own
+    with swapped(namespace, attention=mine):
+        more, more_covered = named_findings(namespace, [
+            ("CrossAttention", "ex05_cross", _diagnose_cross),
+            ("probe_encoder_decoder", "ex05_encdec", lambda fn: _diagnose_probe(fn, namespace))])
+    return findings + more + judge_findings(namespace, PROBES, covered=covered | more_covered)
+
+
+def _reference_attention() -> Any:
+    from tinytf import scaled_dot_product_attention
+
+    return scaled_dot_product_attention

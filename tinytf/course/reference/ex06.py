@@ -18,10 +18,11 @@ import torch.nn.functional as F
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import call_student, check_parts
+from . import Probe, call_student, judge_findings
+from .ex05 import named_findings, swapped
 from .validators import has_keys, positive
 
-__all__ = ["reference_saved_bytes", "diagnose"]
+__all__ = ["reference_saved_bytes", "saved_bytes", "diagnose", "PROBES"]
 
 ROW_KEYS = ("saved_bytes", "peak_bytes", "ms", "tokens_per_s")
 CONDITION_KEYS = ("batch", "heads", "head_dim", "dtype", "mask", "device", "repeats")
@@ -42,6 +43,11 @@ def reference_saved_bytes(fn: Callable[..., Any], *args: Any) -> tuple[int, int]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn(*args)
     return total, sum(seen.values())
+
+
+def saved_bytes(fn: Callable[..., Any], *args: Any) -> int:
+    """tinytf's ``saved_tensor_bytes``: every pack-hook call counted (what part B runs on when graded on its own)."""
+    return reference_saved_bytes(fn, *args)[0]
 
 
 def _paths() -> dict[str, Callable[..., torch.Tensor]]:
@@ -145,8 +151,10 @@ def _diagnose_saved(fn: Any) -> list[Finding]:
     return []
 
 
-def _diagnose_bench(fn: Any) -> list[Finding]:
-    res, problem = call_student("benchmark_attention", fn, (32, 64), batch=1, heads=1, head_dim=8, warmup=0, repeats=1, device="cpu")
+def _diagnose_bench(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
+    with swapped(namespace, saved_tensor_bytes=saved_bytes):  # part B is judged on its own
+        res, problem = call_student("benchmark_attention", fn, (32, 64), batch=1, heads=1, head_dim=8, causal=True,
+                                    warmup=0, repeats=1, device="cpu")
     if problem:
         return [problem]
     try:
@@ -158,9 +166,56 @@ def _diagnose_bench(fn: Any) -> list[Finding]:
                         f"a number without its conditions cannot be compared: record {', '.join(CONDITION_KEYS)}.")]
     if rows["explicit"][64]["saved_bytes"] <= rows["explicit"][32]["saved_bytes"]:
         return [Finding(Pitfall.GENERAL, "saved bytes do not grow with T", "measure each T on its own q, k, v of length T.")]
-    return []
+    return _causal_findings(rows, res["conditions"])
+
+
+def _causal_findings(rows: dict[str, dict[int, dict[str, float]]], conditions: dict[str, Any]) -> list[Finding]:
+    """benchmark_attention(causal=True) must measure both paths with is_causal=True, as its conditions claim."""
+    findings = []
+    for name, path in _paths().items():
+        got = int(rows[name][64]["saved_bytes"])
+        causal, plain = (reference_saved_bytes(path, *_qkv(1, 1, 64, 8), c) for c in (True, False))
+        if got in causal:
+            continue
+        what = "without the causal mask" if got in plain and not set(plain) & set(causal) else "on something else"
+        findings.append(Finding(Pitfall.MASK, f"benchmark_attention measures {name} {what}",
+                                f"benchmark_attention((32, 64), causal=True) records mask={conditions.get('mask')!r}, but {name} at "
+                                f"T=64 saved {got:,d} bytes; with is_causal=True it saves {causal[0]:,d}. Pass causal on: "
+                                f"fn(q, k, v, causal) for both paths."))
+    return findings
 
 
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex06 functions in ``namespace`` (empty when all looks right); never raises."""
-    return check_parts(namespace, [("saved_tensor_bytes", _diagnose_saved), ("benchmark_attention", _diagnose_bench)])
+    findings, covered = named_findings(namespace, [("saved_tensor_bytes", "ex06_saved", _diagnose_saved),
+                                                   ("benchmark_attention", "ex06_bench", lambda fn: _diagnose_bench(fn, namespace))])
+    return findings + judge_findings(namespace, PROBES, covered=covered)
+
+
+# ---- probes: the judges' inputs, drawn afresh on the student's machine --------------------------
+
+
+def _probe_saved(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    b, h, t, d = (int(torch.randint(lo, hi, (), generator=gen)) for lo, hi in ((1, 3), (1, 3), (8, 48), (2, 12)))
+    q, k, v = _qkv(b, h, t, d)
+    fn, paths = ns["saved_tensor_bytes"], _paths()
+    value = {"explicit": fn(paths["explicit"], q, k, v), "explicit_causal": fn(paths["explicit"], q, k, v, True),
+             "sdpa": fn(paths["sdpa"], q, k, v), "exp": fn(lambda z: z.exp(), q)}
+    return value, {"batch": b, "heads": h, "tokens": t, "head_dim": d}
+
+
+def _probe_bench(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    import json
+
+    if not isinstance(ns.get("results"), dict):
+        raise NotImplementedError  # the benchmark cell has not produced results: the diagnosis says so
+    t, heads, head_dim = (int(torch.randint(lo, hi, (), generator=gen)) for lo, hi in ((12, 33), (1, 3), (2, 9)))
+    ts = [t, 2 * t, 4 * t]
+    with swapped(ns, saved_tensor_bytes=saved_bytes):
+        fresh = ns["benchmark_attention"](ts, batch=1, heads=heads, head_dim=head_dim, dtype=torch.float32, causal=True,
+                                          warmup=0, repeats=1, device="cpu")
+    value = json.loads(json.dumps({"main": ns["results"], "fresh": fresh}, default=str))
+    return value, {"ts": ts, "heads": heads, "head_dim": head_dim}
+
+
+PROBES: dict[str, Probe] = {"ex06_saved": _probe_saved, "ex06_bench": _probe_bench}

@@ -8,6 +8,7 @@ Student code: ``SimpleKVCache(layers)`` with ``update(layer, k_new, v_new) -> (k
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -15,10 +16,12 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import call_student, check_parts
+from . import call_student, judge_findings
+from .ex05 import named_findings
+from .ex07_probes import PROBES
 from .validators import close, has_keys, shape_of, tensor
 
-__all__ = ["reference_two_step", "diagnose"]
+__all__ = ["reference_two_step", "diagnose", "PROBES"]
 
 
 def reference_two_step(model: torch.nn.Module, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,14 +120,70 @@ def _diagnose_cache(cls: Any) -> list[Finding]:
         return [Finding(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
                         f"k, v are [B, H, T, d_head]: append along time (dim=2); after 3 + 1 tokens expected [1, 2, 4, 4], "
                         f"got {list(k_all.shape)}.")]
-    if not torch.equal(k_all, torch.cat([k0, k1], dim=2)) or not torch.equal(second[1], torch.cat([v0, v1], dim=2)):
-        return [Finding(Pitfall.GENERAL, "update stores the wrong entries",
-                        "old entries first, then the new ones; keys and values separately.")]
+    for name, got, old, new in (("k", k_all, k0, k1), ("v", second[1], v0, v1)):
+        wrong = _wrong_entries(name, got, old, new)
+        if wrong:
+            return [wrong]
     lengths = cache.lengths
     if list(lengths) != [4, 0]:
         return [Finding(Pitfall.GENERAL, "the cache's lengths are wrong",
                         f"after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.")]
     return []
+
+
+def _wrong_entries(name: str, got: Any, old: torch.Tensor, new: torch.Tensor) -> Finding | None:
+    """What is wrong with the ``name`` (k or v) that update returned after 3 + 1 tokens, or None."""
+    expected = torch.cat([old, new], dim=2)
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, expected):
+        return None
+    if isinstance(got, torch.Tensor) and got.shape == new.shape and torch.equal(got, new):
+        return Finding(Pitfall.KV_CACHE, f"update overwrites {name} instead of appending",
+                       f"after 3 + 1 tokens the returned {name} should be [1, 2, 4, 4] (old entries, then the new one), got only "
+                       f"the new entry {list(got.shape)}: {name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2).")
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, torch.cat([new, old], dim=2)):
+        return Finding(Pitfall.KV_CACHE, f"update puts the new {name} before the old ones",
+                       f"time runs along dim=2: torch.cat([{name}[layer], {name}_new], dim=2), old entries first.")
+    return Finding(Pitfall.KV_CACHE, f"update returns the wrong {name}",
+                   f"after 3 + 1 tokens {name} should be [1, 2, 4, 4] = torch.cat([old, new], dim=2) of the {name} tensors "
+                   f"passed in (first entries {expected.flatten()[:3].tolist()}), got {shape_of(got)}.")
+
+
+_MASKS = {  # a student's causal mask [t, T] (T = past + t): (allowed(t, T), title, what it does)
+    "sees_next": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t + 1), "the causal mask lets tokens read one key too many",
+                  "each token also reads the NEXT key: the diagonal is off by one"),
+    "not_itself": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t - 1), "the causal mask hides each token's own key",
+                   "each token reads keys 0 .. position - 1 only: the diagonal is off by one"),
+    "start": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(0), "decode steps do not see the whole cache",
+              "the mask is START-aligned, so a decode token at position past reads only key 0; it must be END-aligned "
+              "(tinytf.causal_mask(t, past + t))"),
+    "none": (lambda t, n: torch.ones(t, n, dtype=torch.bool), "the prefill lets tokens see the future",
+             "no causal mask: with t > 1 new tokens each one reads the later ones too"),
+}
+
+
+def _masked_steps(attn: Any, x: torch.Tensor, cuts: list[int], allowed: Any) -> list[torch.Tensor]:
+    """The outputs of prefill + decode steps (split at ``cuts``) of ``attn`` on ``x`` with the mask ``allowed(t, T)``."""
+    q, k, v = attn.project(x)
+    outs = []
+    for a, b in zip(cuts, cuts[1:]):
+        scores = q[:, :, a:b] @ k[:, :, :b].transpose(-2, -1) / math.sqrt(attn.head_dim)
+        w = scores.masked_fill(~allowed(b - a, b), float("-inf")).softmax(-1)
+        outs.append(attn.proj(attn.merge_heads(w @ v[:, :, :b])))
+    return outs
+
+
+def _name_step_mask(attn: Any, x: torch.Tensor, got: list[Any]) -> Finding | None:
+    """The causal-mask mistake whose outputs equal the student's prefill (4 tokens) + two decode steps, if any."""
+    with torch.no_grad():
+        for allowed, title, meaning in _MASKS.values():
+            ref = _masked_steps(attn, x, [0, 4, 5, 6], allowed)
+            if all(isinstance(g, torch.Tensor) and g.shape == r.shape and torch.allclose(g, r, atol=1e-4, equal_nan=True)
+                   for g, r in zip(got, ref)):
+                return Finding(Pitfall.CAUSAL_OFF_BY_ONE, title,
+                               f"{meaning}. Seen with a prefill of 4 tokens then decode steps at positions 4 and 5: the new tokens "
+                               "at absolute positions past .. past + t - 1 may read keys 0 .. their own position: "
+                               "tinytf.causal_mask(t, past + t).")
+    return None
 
 
 def _diagnose_step(fn: Any) -> list[Finding]:
@@ -153,16 +212,15 @@ def _diagnose_step(fn: Any) -> list[Finding]:
                  for s, i in zip(steps, (4, 5)))
     if pre_ok and dec_ok:
         return []
-    if dec_ok and not pre_ok:
-        return [Finding(Pitfall.CAUSAL_OFF_BY_ONE, "the prefill lets tokens see the future",
-                        "with t > 1 new tokens apply the causal mask; tinytf.causal_mask(t, past + t) is end-aligned.")]
-    if pre_ok and not dec_ok:
-        return [Finding(Pitfall.CAUSAL_OFF_BY_ONE, "decode steps do not see the whole cache",
-                        "the new token at absolute position past + i may read keys 0 .. past + i: the causal mask must be "
-                        "END-aligned (tinytf.causal_mask(t, past + t)), not start-aligned.")]
+    named = _name_step_mask(attn, x, [pre, *steps])
+    if named:
+        return [named]
+    where = "the prefill (positions 0..3)" if not pre_ok else "the decode step at position " + ("4" if not torch.allclose(
+        steps[0], full[:, 4:5], atol=1e-4) else "5")
     return [Finding(Pitfall.GENERAL, "attention_step differs from the full pass",
-                    "project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by 1/sqrt(head_dim), "
-                    "mask, softmax over the keys, merge heads, attn.proj.")]
+                    f"with a CausalSelfAttention(12, 3), x [2, 6, 12], a prefill of 4 tokens and two decode steps, {where} differs "
+                    f"from attn(x). Project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by "
+                    "1/sqrt(head_dim), mask with tinytf.causal_mask(t, past + t), softmax over the keys, merge heads, attn.proj.")]
 
 
 def _generation_probe() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -210,5 +268,7 @@ def _diagnose_cached(fn: Any) -> list[Finding]:
 
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex07 code in ``namespace`` (empty when all looks right); never raises."""
-    return check_parts(namespace, [("SimpleKVCache", _diagnose_cache), ("attention_step", _diagnose_step),
-                                   ("generate_two_step_recompute", _diagnose_recompute), ("generate_two_step", _diagnose_cached)])
+    findings, covered = named_findings(namespace, [
+        ("SimpleKVCache", "ex07_cache", _diagnose_cache), ("attention_step", "ex07_step", _diagnose_step),
+        ("generate_two_step_recompute", "ex07_generate", _diagnose_recompute), ("generate_two_step", "ex07_generate", _diagnose_cached)])
+    return findings + judge_findings(namespace, PROBES, covered=covered)

@@ -18,7 +18,8 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import call_student, check_parts, stub_or
+from . import call_student, judge_findings, stub_or
+from .ex05 import named_findings
 from .validators import has_keys, positive, shape_of
 
 __all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose"]
@@ -288,13 +289,16 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex08 code in ``namespace`` (empty when all looks right); never raises."""
     from tinytf.checks import diagnose_lm_loss
 
-    findings = check_parts(namespace, [
-        (("build_vocab", "encode", "decode"), lambda *_: _diagnose_vocab(namespace)),
-        ("get_batch", _diagnose_batch),
-        ("next_char_loss", lambda fn: stub_or("next_char_loss", diagnose_lm_loss(fn))),
-        ("cosine_lr", _diagnose_lr),
-        (("save_checkpoint", "load_checkpoint"), lambda *_: _diagnose_ckpt(namespace)),
+    from .ex08_probes import PROBES
+
+    findings, covered = named_findings(namespace, [
+        (("build_vocab", "encode", "decode"), "ex08_vocab", lambda *_: _diagnose_vocab(namespace)),
+        ("get_batch", "ex08_batch", _diagnose_batch),
+        ("next_char_loss", "ex08_loss", lambda fn: stub_or("next_char_loss", diagnose_lm_loss(fn))),
+        ("cosine_lr", "ex08_lr", _diagnose_lr),
+        (("save_checkpoint", "load_checkpoint"), "ex08_ckpt", lambda *_: _diagnose_ckpt(namespace)),
     ])
     if not callable(namespace.get("train")):
         findings.append(Finding(Pitfall.GENERAL, "train is missing", "Define train(...) in the notebook (keep its name and signature)."))
-    return findings
+        covered.add("ex08_train")
+    return findings + judge_findings(namespace, PROBES, covered=covered)

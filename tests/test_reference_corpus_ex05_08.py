@@ -1,0 +1,80 @@
+"""Exercises 5-8: on every corpus case (tests/corpus/exNN/*.json) the hidden tests and the judges agree.
+
+Each case is the instructor notebook with the case's cells put in (the student's code), executed cell by
+cell in one namespace with recording on, the way nbgrader runs a submission. For every autograded test
+cell: it passes exactly when the grader's judge accepts the student's code on fresh inputs (the
+self-check's probe), a passing cell's record satisfies its judge, and the points of the passing cells
+are the score the case's JSON expects from ``tinytf grade``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+import nbformat
+import pytest
+import torch
+
+from tinytf.course.judges import run_judge
+from tinytf.course.record import RECORD_ENV, load_records
+from tinytf.course.reference import ex05, ex06, ex07, ex08_probes
+
+matplotlib.use("Agg")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = {"ex05": "ex05_cross_attention.ipynb", "ex06": "ex06_explicit_vs_sdpa.ipynb", "ex07": "ex07_kv_cache.ipynb",
+             "ex08": "ex08_char_lm.ipynb"}
+PROBES = {"ex05": ex05.PROBES, "ex06": ex06.PROBES, "ex07": ex07.PROBES, "ex08": ex08_probes.PROBES}
+CASES = sorted(p for ex in NOTEBOOKS for p in (ROOT / "tests" / "corpus" / ex).glob("*.json"))
+
+
+def _run(case: dict, folder: Path) -> tuple[dict, dict[str, str | None], dict[str, float]]:
+    """Execute the case's notebook; ``(namespace, {test grade_id: None or the failure}, {grade_id: points})``."""
+    nb = nbformat.read(ROOT / "solutions" / NOTEBOOKS[case["exercise"]], as_version=4)
+    ns: dict = {"__name__": "__main__"}
+    verdicts: dict[str, str | None] = {}
+    points: dict[str, float] = {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        source = case["cells"].get(meta.get("grade_id"), cell.source)
+        if cell.cell_type != "code" or "self_check(" in source:
+            continue
+        try:
+            exec(compile(source, f"<{meta.get('grade_id', 'cell')}>", "exec"), ns)  # noqa: S102 - our notebook + corpus code
+            failure = None
+        except Exception as err:  # noqa: BLE001 - a failing cell is a verdict, like in nbgrader
+            failure = f"{type(err).__name__}: {err}"
+        if meta.get("grade") and not meta.get("solution"):
+            verdicts[meta["grade_id"]], points[meta["grade_id"]] = failure, float(meta.get("points", 0))
+    return ns, verdicts, points
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}-{p.stem}")
+def test_hidden_tests_and_judges_agree_on_the_corpus(path, tmp_path, monkeypatch):
+    case = json.loads(path.read_text())
+    monkeypatch.setenv(RECORD_ENV, str(tmp_path))
+    monkeypatch.setenv("TINYTF_DEVICE", "cpu")
+    ns, verdicts, points = _run(case, tmp_path)
+    records = load_records(tmp_path)
+    for gid, failure in verdicts.items():
+        probe = PROBES[case["exercise"]][gid]
+        try:
+            value, inputs = probe(ns, torch.Generator().manual_seed(0))
+            judged, why = run_judge(gid, value, inputs)
+        except NotImplementedError:
+            continue  # the self-check leaves this task to the named findings (e.g. a full training run)
+        except Exception as err:  # noqa: BLE001 - the student's code fails on the probe's inputs
+            judged, why = False, f"{type(err).__name__}: {err}"
+        if failure is None:
+            assert gid in records, f"{path.stem}: {gid} passed without recording"
+            ok, msg = run_judge(gid, records[gid]["value"], records[gid]["inputs"])
+            assert ok, f"{path.stem}: {gid} passed its hidden tests but the judge rejects the record: {msg}"
+            assert judged, f"{path.stem}: {gid} passes its tests, but the judge rejects fresh inputs: {why}"
+        else:
+            assert not judged, f"{path.stem}: {gid} fails ({failure}) although the judge accepts it"
+            wanted = "AssertionError" if case["grade"]["status"] != "error" else ""
+            assert failure.startswith(wanted), f"{path.stem}: {gid} should fail with a message, got {failure}"
+    score = sum(points[gid] for gid, failure in verdicts.items() if failure is None)
+    assert (score, sum(points.values())) == (case["grade"]["score"], case["grade"]["max_score"]), verdicts
