@@ -220,10 +220,10 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
         "a_correct": (good, "ok", 12),
         "b_untouched": (rel1, "error", 0),
         "c_wrong": (edited(good, "ex01_scores_answer", WRONG_SCORES), "failed", 6),
-        "d_raises": (prepend(good, "raise RuntimeError('student code raised')"), "error", 7),
+        "d_raises": (prepend(good, "raise RuntimeError('student code raised')"), "failed", 10),
         "e_loop": (edited(good, "ex01_attention_answer", LOOP_ON_4D), "timeout", 9),
         "f_loop_everywhere": (loops, "timeout", 0),
-        "g_sys_exit": (prepend(good, "import sys\nsys.exit(3)"), "error", 7),
+        "g_sys_exit": (prepend(good, "import sys\nsys.exit(3)"), "failed", 10),
         "h_os_exit": (edited(good, "ex01_scores_answer", "import os\nos._exit(0)"), "error", 0),
         "i prints megabytes (odd folder name)": (prepend(good, "print('x' * 3_000_000)\nfor i in range(30_000):\n    print(i)"), "ok", 12),
         "j_deleted_test": (without_cell(good, "ex01_softmax"), "missing-cell", 8),
@@ -234,7 +234,7 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
         "o_no_record": (prepend(edited(good, "ex01_softmax_answer", WRONG_SOFTMAX), PATCH_CHECKS + "\nrecord = lambda *a, **k: None"),
                         "tampered", 0),
         "p_invalid_json": ('{"cells": [ this is not json', "unreadable", 0),
-        "q_memory_hog": (prepend(good, "hog = bytearray(8 * 1024 ** 3)"), "error", 7),
+        "q_memory_hog": (prepend(good, "hog = bytearray(8 * 1024 ** 3)"), "failed", 10),
     }
     expected: dict[str, dict[str, tuple[str, float]]] = {}
     for student, (nb, status, score) in cases.items():

@@ -478,3 +478,57 @@ class _BatchNormLast(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bn(x.transpose(1, 2)).transpose(1, 2)
+
+
+# ---- the corpus: hidden tests, judges and the self-check agree ------------------------------------
+
+CORPUS = REPO / "tests" / "corpus"
+CASES = [(ex, path.stem) for ex in sorted(NOTEBOOKS) for path in sorted((CORPUS / ex).glob("*.json"))]
+
+
+def _run_case(ex: str, cells: dict[str, str], record_dir: Path, monkeypatch) -> tuple[dict, dict[str, bool]]:
+    """Execute the instructor notebook with ``cells`` (grade_id -> the student's code) in place of its
+    solution cells, recording; ``(namespace, {graded cell: it ran without raising})``. A student cell that
+    raises does not stop the run (as in the grader, later cells still run)."""
+    monkeypatch.setenv("TINYTF_DEVICE", "cpu")
+    monkeypatch.setenv("TINYTF_HEADLESS", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv(RECORD_ENV, str(record_dir))
+    ns: dict = {"__name__": f"__{ex}__"}
+    passed: dict[str, bool] = {}
+    for cell in _cells(ex):
+        gid = cell["meta"].get("grade_id", "")
+        if cell["type"] != "code" or gid in SKIP or gid.endswith("_self_check"):
+            continue
+        if gid == "ex04_compare_answer":
+            ns["STEPS"] = 8
+        try:
+            exec(compile(cells.get(gid, cell["src"]), f"<{ex}:{gid}>", "exec"), ns)  # noqa: S102 - our corpus
+            ok = True
+        except Exception:  # noqa: BLE001 - a failing test cell is the verdict
+            ok = False
+        if cell["meta"].get("grade"):
+            passed[gid] = ok
+    return ns, passed
+
+
+@pytest.mark.parametrize("ex,case", CASES)
+def test_corpus_hidden_tests_judges_and_self_check_agree(ex, case, tmp_path, monkeypatch, fake_clock):
+    """For every corpus case: a graded cell passes (visible + hidden tests) exactly when its judge accepts
+    what it recorded, the points match the case's expected score, and ``diagnose`` names the case's pitfalls."""
+    spec = json.loads((CORPUS / ex / f"{case}.json").read_text(encoding="utf-8"))
+    assert spec["exercise"] == ex and {"about", "cells", "validate", "grade"} <= set(spec)
+    torch.manual_seed(0)
+    ns, passed = _run_case(ex, spec["cells"], tmp_path, monkeypatch)
+    records = load_records(tmp_path)
+    points = {c["meta"]["grade_id"]: c["meta"]["points"] for c in _grade_cells(ex)}
+    for gid, ok in passed.items():
+        judged = gid in records and judges.run_judge(gid, records[gid]["value"], records[gid]["inputs"])[0]
+        assert ok == judged, f"{case}: {gid}: the hidden tests say {ok}, the judge says {judged}"
+    assert sum(points[gid] for gid, ok in passed.items() if ok) == spec["grade"]["score"], (case, passed)
+    assert sum(points.values()) == spec["grade"]["max_score"]
+    findings = {"ex01": ex01, "ex02": ex02, "ex03": ex03, "ex04": ex04}[ex].diagnose(ns)
+    assert (not findings) == spec["validate"]["clean"], _titles(findings)
+    assert {p.name for p in _pitfalls(findings)} >= set(spec["validate"]["pitfalls"]), _titles(findings)
+    text = " ".join(f"{f.title} {f.message}" for f in findings)
+    assert all(s in text for s in spec["validate"]["says"]), text

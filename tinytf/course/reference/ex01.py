@@ -14,13 +14,13 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import call_student, check_parts
-from .validators import close, float_inputs, has_keys, shape_of, tensor
+from . import Probe, call_student, check_parts, judge_findings
+from .validators import close, differs, float_inputs, has_keys, shape_of, tensor
 
-__all__ = ["EXAMPLE_Q", "EXAMPLE_K", "EXAMPLE_V", "reference_scores", "reference_attention", "diagnose"]
+__all__ = ["EXAMPLE_Q", "EXAMPLE_K", "EXAMPLE_V", "PROBES", "reference_scores", "reference_attention", "upstream_problem", "diagnose"]
 
 EXAMPLE_Q = [[1.0, 0.0, 1.0, 0.0], [0.0, 2.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
-EXAMPLE_K = [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]]
+EXAMPLE_K = [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]]  # QKᵀ is not symmetric
 EXAMPLE_V = [[1.0, 0.0, 0.0, 0.0], [0.0, 10.0, 0.0, 0.0], [0.0, 0.0, 100.0, 0.0]]
 
 
@@ -90,9 +90,20 @@ def _diagnose_hand_qk(hand: Any) -> list[Finding]:
         ok = False
     if ok:
         return []
+    if _is_transposed(hand):
+        return [Finding(Pitfall.ORIENTATION, "hand_qk is transposed (it is KQᵀ)",
+                        "Row i must be query i and column j key j: entry [i][j] = q[i] · k[j]. Yours has rows = keys.")]
     return [Finding(Pitfall.ORIENTATION, "hand_qk is not QKᵀ of the example",
                     "Entry [i][j] is the dot product of query row i with key row j (no scaling yet): "
                     "a 3 x 3 table, rows = queries, columns = keys.")]
+
+
+def _is_transposed(hand: Any) -> bool:
+    try:
+        table = torch.tensor(hand, dtype=torch.float32)
+        return tuple(table.shape) == (3, 3) and torch.allclose(table, torch.tensor(EXAMPLE_K) @ torch.tensor(EXAMPLE_Q).T)
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _diagnose_scores(fn: Any) -> list[Finding]:
@@ -114,7 +125,8 @@ def _diagnose_scores(fn: Any) -> list[Finding]:
     elif torch.allclose(s, raw / q.size(-1), atol=1e-4):
         msg = "the scores are divided by d instead of sqrt(d)."
     else:
-        msg = "the values differ from q @ k.transpose(-2, -1) / sqrt(d) with d = q.size(-1) (the per-head width)."
+        msg = (differs("scores_by_hand(q, k)", s, expected, f"q {list(q.shape)}, k {list(k.shape)}")
+               + ": the scores are q @ k.transpose(-2, -1) / sqrt(d) with d = q.size(-1) (the per-head width).")
     return [Finding(Pitfall.SCALE, "scores_by_hand: wrong scaling or values", msg)]
 
 
@@ -130,7 +142,9 @@ def _diagnose_softmax(fn: Any) -> list[Finding]:
         return [Finding(Pitfall.ORIENTATION, "softmax_by_hand: rows do not sum to one",
                         "Normalise over the keys, the last axis: e / e.sum(dim=-1, keepdim=True).")]
     if not torch.allclose(w, scores.softmax(-1), atol=1e-5):
-        return [Finding(Pitfall.GENERAL, "softmax_by_hand: wrong values", "Compare with torch.softmax(scores, dim=-1) on a small example.")]
+        return [Finding(Pitfall.GENERAL, "softmax_by_hand: wrong values",
+                        differs("softmax_by_hand(scores)", w, scores.softmax(-1), f"scores {list(scores.shape)}")
+                        + " (torch.softmax(scores, dim=-1)).")]
     big, problem = call_student("softmax_by_hand", fn, torch.tensor([[1000.0, 999.0, 0.0]]))
     if problem or not isinstance(big, torch.Tensor) or not bool(torch.isfinite(big).all()):
         return [Finding(Pitfall.GENERAL, "softmax_by_hand overflows on large scores",
@@ -166,19 +180,81 @@ def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any], *, parts_ok: bo
         and out.shape == ref_out.shape and w.shape == ref_w.shape
         and torch.allclose(out, ref_out, atol=1e-4) and torch.allclose(w, ref_w, atol=1e-4)
     ):
+        given = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
+        wrong_out = not (isinstance(out, torch.Tensor) and out.shape == ref_out.shape and torch.allclose(out, ref_out, atol=1e-4))
         findings.append(Finding(Pitfall.GENERAL, "attention_by_hand differs from tinytf",
-                                "Return (weights @ v, weights) with weights = softmax_by_hand(scores_by_hand(q, k))."))
+                                differs("attention_by_hand out" if wrong_out else "attention_by_hand weights",
+                                        out if wrong_out else w, ref_out if wrong_out else ref_w, given)
+                                + ". Return (weights @ v, weights) with weights = softmax_by_hand(scores_by_hand(q, k))."))
     return findings
+
+
+# ---- the judges on fresh inputs (the self-check's copy of the grader's verdict) ------------------
+
+
+def _sizes(gen: torch.Generator) -> tuple[int, int, int]:
+    """Fresh ``(Tq, Tk, d)`` with Tq != Tk, drawn independently of the hidden tests."""
+    tq = int(torch.randint(2, 7, (1,), generator=gen))
+    return tq, tq + int(torch.randint(1, 4, (1,), generator=gen)), int(torch.randint(3, 17, (1,), generator=gen))
+
+
+def _probe_hand(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    return torch.tensor(ns["hand_qk"], dtype=torch.float32), {"q": torch.tensor([EXAMPLE_Q]), "k": torch.tensor([EXAMPLE_K])}
+
+
+def _probe_scores(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    tq, tk, d = _sizes(gen)
+    q, k = torch.randn(2, 3, tq, d, generator=gen), torch.randn(2, 3, tk, d, generator=gen)
+    return ns["scores_by_hand"](q, k), {"q": q, "k": k}
+
+
+def _probe_softmax(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    scores, large = torch.randn(2, 3, 4, 6, generator=gen) * 4, torch.randn(3, 5, generator=gen) * 300 + 800
+    return {"weights": ns["softmax_by_hand"](scores), "large": ns["softmax_by_hand"](large)}, {"scores": scores, "large": large}
+
+
+def _probe_attention(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    tq, tk, d = _sizes(gen)
+    q, k, v = (torch.randn(2, 2, t, n, generator=gen) for t, n in ((tq, d), (tk, d), (tk, 3)))
+    out, weights = ns["attention_by_hand"](q, k, v)
+    return {"out": out, "weights": weights}, {"q": q, "k": k, "v": v}
+
+
+PROBES: dict[str, Probe] = {"ex01_hand_qk": _probe_hand, "ex01_scores": _probe_scores, "ex01_softmax": _probe_softmax,
+                            "ex01_attention": _probe_attention}
+
+
+def upstream_problem(namespace: dict[str, Any]) -> str:
+    """For the attention test's messages: " — this fails because `scores_by_hand` above is wrong" when
+    one of the two functions attention_by_hand builds on disagrees with tinytf on a small probe, else ""."""
+    q, k, _ = _probe()
+    raw = q @ k.transpose(-2, -1)
+    for name, args, want in (("scores_by_hand", (q, k), raw / math.sqrt(q.size(-1))), ("softmax_by_hand", (raw,), raw.softmax(-1))):
+        got, problem = call_student(name, namespace.get(name, _missing), *args)
+        if problem or not isinstance(got, torch.Tensor) or got.shape != want.shape or not torch.allclose(got.float(), want, atol=1e-4):
+            return f" — this fails because `{name}` above is wrong (fix its task first)"
+    return ""
+
+
+def _missing(*args: Any, **kwargs: Any) -> Any:
+    raise NameError("not defined")
 
 
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex01 functions in ``namespace`` (empty when all look right).
 
-    Runs the student's code on a few fixed-seed probes (Tq != Tk, d != 4, batch and head axes);
-    it never raises.
+    The named checks run the student's code on a few fixed-seed probes (Tq != Tk, d != 4, batch and head
+    axes); then the grader's judges decide on fresh random inputs (:data:`PROBES`) for every task that
+    no named finding explains yet. Never raises.
     """
-    findings = _diagnose_hand_qk(namespace.get("hand_qk"))
-    findings += check_parts(namespace, [("scores_by_hand", _diagnose_scores), ("softmax_by_hand", _diagnose_softmax)])
-    parts_ok = not findings
-    findings += check_parts(namespace, [("attention_by_hand", lambda fn: _diagnose_attention(fn, namespace, parts_ok=parts_ok))])
-    return findings
+    by_task = {"ex01_hand_qk": _diagnose_hand_qk(namespace.get("hand_qk")),
+               "ex01_scores": check_parts(namespace, [("scores_by_hand", _diagnose_scores)]),
+               "ex01_softmax": check_parts(namespace, [("softmax_by_hand", _diagnose_softmax)])}
+    parts_ok = not (by_task["ex01_scores"] or by_task["ex01_softmax"])
+    by_task["ex01_attention"] = check_parts(
+        namespace, [("attention_by_hand", lambda fn: _diagnose_attention(fn, namespace, parts_ok=parts_ok))])
+    if not parts_ok and not by_task["ex01_attention"]:  # its judge fails because of the parts: say so, once
+        by_task["ex01_attention"].append(Finding(Pitfall.GENERAL, "attention_by_hand inherits the mistake above",
+                                                 f"attention_by_hand's test{upstream_problem(namespace)}."))
+    findings = [f for fs in by_task.values() for f in fs]
+    return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])

@@ -7,6 +7,8 @@ Student functions: ``build_padding_mask(lengths, t, device=None) -> bool [B, 1, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -14,10 +16,10 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import call_student, check_parts
-from .validators import bool_mask, close, float_inputs, has_keys, tensor
+from . import Probe, call_student, check_parts, judge_findings
+from .validators import bool_mask, close, differs, float_inputs, has_keys, tensor
 
-__all__ = ["reference_masked_softmax", "reference_renormalise", "diagnose"]
+__all__ = ["PROBES", "reference_masked_softmax", "reference_renormalise", "tinytf_masked_softmax", "diagnose"]
 
 
 def reference_masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -29,6 +31,21 @@ def reference_renormalise(weights: torch.Tensor, mask: torch.Tensor) -> torch.Te
     """Zero the blocked weights ``[..., Tq, Tk]`` and rescale each row to sum to one."""
     kept = weights * mask
     return kept / kept.sum(dim=-1, keepdim=True)
+
+
+@contextmanager
+def tinytf_masked_softmax(namespace: dict[str, Any]) -> Iterator[None]:
+    """Inside the block the notebook's ``masked_softmax`` is tinytf's, so that ``padded_attention`` (which
+    calls it) is graded on its own: a mistake in Task 2b costs Task 2b's points only."""
+    mine = namespace.get("masked_softmax")
+    namespace["masked_softmax"] = reference_masked_softmax
+    try:
+        yield
+    finally:
+        if mine is None:
+            namespace.pop("masked_softmax", None)
+        else:
+            namespace["masked_softmax"] = mine
 
 
 # ---- judges ---------------------------------------------------------------------------------------
@@ -121,7 +138,9 @@ def _diagnose_masked_softmax(fn: Any) -> list[Finding]:
         return [Finding(Pitfall.MASK, "masked_softmax leaves weight on padded keys",
                         "Blocked weights must be exactly 0: use float('-inf') (not a large negative number) before the softmax.")]
     if not torch.allclose(w, expected, atol=1e-5):
-        return [Finding(Pitfall.GENERAL, "masked_softmax gives wrong weights", "Softmax over the last axis (keys), after masking.")]
+        return [Finding(Pitfall.GENERAL, "masked_softmax gives wrong weights",
+                        differs("masked_softmax(scores, mask)", w, expected, f"scores {list(scores.shape)}, mask {list(mask.shape)}")
+                        + " (softmax over the last axis, the keys, after masking).")]
     return []
 
 
@@ -142,25 +161,74 @@ def _diagnose_renormalise(fn: Any) -> list[Finding]:
                         "After zeroing the blocked weights, divide each row by its new sum so it adds up to one again.")]
     if not torch.allclose(r, reference_renormalise(weights, mask), atol=1e-6):
         return [Finding(Pitfall.GENERAL, "renormalise gives wrong values",
-                        "Zero where mask is False, then divide by the row sum (dim=-1, keepdim=True).")]
+                        differs("renormalise(weights, mask)", r, reference_renormalise(weights, mask),
+                                f"weights {list(weights.shape)}, mask {list(mask.shape)}")
+                        + ": zero where mask is False, then divide by the row sum (dim=-1, keepdim=True).")]
     return []
 
 
-def _diagnose_padded(fn: Any) -> list[Finding]:
+def _diagnose_padded(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     from tinytf.checks import diagnose_attention
 
     q = torch.randn(2, 2, 3, 4, generator=torch.Generator().manual_seed(9))
-    _, problem = call_student("padded_attention", fn, q, q, q)
-    if problem:
-        return [problem]
-    return diagnose_attention(fn)
+    with tinytf_masked_softmax(namespace):  # as in its test: judged on its own, whatever Task 2b says
+        _, problem = call_student("padded_attention", fn, q, q, q)
+        return [problem] if problem else diagnose_attention(fn)
+
+
+# ---- the judges on fresh inputs (the self-check's copy of the grader's verdict) ------------------
+
+
+def _lengths(gen: torch.Generator, b: int, t: int) -> list[int]:
+    """``b`` lengths in ``[1, t - 1]``: every row has padding."""
+    return torch.randint(1, t, (b,), generator=gen).tolist()
+
+
+def _probe_mask(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    b, t = int(torch.randint(2, 7, (1,), generator=gen)), int(torch.randint(3, 10, (1,), generator=gen))
+    lengths = torch.randint(1, t + 1, (b,), generator=gen).tolist()
+    return ns["build_padding_mask"](lengths, t), {"lengths": lengths, "t": t}
+
+
+def _probe_masked_softmax(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    from tinytf import causal_mask, padding_mask
+
+    t = int(torch.randint(3, 9, (1,), generator=gen))
+    mask = padding_mask(_lengths(gen, 2, t), t) & causal_mask(t)
+    scores = torch.randn(2, 3, t, t, generator=gen) * 3
+    return ns["masked_softmax"](scores, mask), {"scores": scores, "mask": mask}
+
+
+def _probe_renormalise(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    from tinytf import padding_mask
+
+    t = int(torch.randint(3, 9, (1,), generator=gen))
+    weights = torch.rand(3, 2, t, t, generator=gen) + 0.05
+    weights, mask = weights / weights.sum(-1, keepdim=True), padding_mask(_lengths(gen, 3, t), t)
+    return ns["renormalise"](weights, mask), {"weights": weights, "mask": mask}
+
+
+def _probe_attention(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    from tinytf import padding_mask
+
+    tq, tk = int(torch.randint(2, 7, (1,), generator=gen)), int(torch.randint(3, 10, (1,), generator=gen))
+    q, k, v = (torch.randn(3, 2, t, n, generator=gen) for t, n in ((tq, 6), (tk, 6), (tk, 5)))
+    mask = padding_mask(_lengths(gen, 3, tk), tk)
+    with tinytf_masked_softmax(ns):
+        value = {"masked": ns["padded_attention"](q, k, v, mask), "unmasked": ns["padded_attention"](q, k, v)}
+    return value, {"q": q, "k": k, "v": v, "mask": mask}
+
+
+PROBES: dict[str, Probe] = {"ex02_mask": _probe_mask, "ex02_masked_softmax": _probe_masked_softmax,
+                            "ex02_renormalise": _probe_renormalise, "ex02_attention": _probe_attention}
+TASKS = {"ex02_mask": ("build_padding_mask", _diagnose_mask), "ex02_masked_softmax": ("masked_softmax", _diagnose_masked_softmax),
+         "ex02_renormalise": ("renormalise", _diagnose_renormalise)}
 
 
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex02 functions in ``namespace`` (empty when all look right); never raises."""
-    return check_parts(namespace, [
-        ("build_padding_mask", _diagnose_mask),
-        ("masked_softmax", _diagnose_masked_softmax),
-        ("renormalise", _diagnose_renormalise),
-        ("padded_attention", _diagnose_padded),
-    ])
+    """Findings about the student's ex02 functions in ``namespace`` (empty when all look right): the named
+    pitfalls, then the grader's judges on fresh inputs for every task without one. Never raises."""
+    by_task = {gid: check_parts(namespace, [part]) for gid, part in TASKS.items()}
+    by_task["ex02_attention"] = check_parts(namespace, [("padded_attention", lambda fn: _diagnose_padded(fn, namespace))])
+    findings = [f for fs in by_task.values() for f in fs]
+    return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])

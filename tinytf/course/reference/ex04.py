@@ -15,10 +15,10 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import call_student, check_parts
+from . import Probe, call_student, check_parts, judge_findings
 from .validators import close, has_keys, number, tensor
 
-__all__ = ["reference_block_output", "same_curve", "diagnose"]
+__all__ = ["PROBES", "reference_block_output", "same_curve", "diagnose"]
 
 
 def reference_block_output(x: torch.Tensor, state: dict, dim: int, heads: int, max_tokens: int, expansion: int, norm: str) -> torch.Tensor:
@@ -167,10 +167,72 @@ def _diagnose_train(fn: Any) -> list[Finding]:
     return []
 
 
+# ---- the judges on fresh inputs (the self-check's copy of the grader's verdict) ------------------
+
+
+def _probe_block(cls_name: str, norm: str) -> Probe:
+    def probe(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+        from tinytf import TransformerBlock
+
+        heads = [2, 4][int(torch.randint(0, 2, (1,), generator=gen))]
+        dim, tokens, expansion = (int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in ((2, 6), (3, 9), (1, 4)))
+        dim *= heads
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+            ref = TransformerBlock(dim, heads, tokens, expansion, norm=norm)
+            block = ns[cls_name](dim, heads, tokens, expansion)
+        with torch.no_grad():  # random LayerNorm affine parameters too, so that every parameter matters
+            for p in ref.parameters():
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
+        block.load_state_dict(ref.state_dict(), strict=True)
+        x = torch.randn(2, tokens, dim, generator=gen)
+        with torch.no_grad():
+            y = block(x)
+        return y, {"x": x, "state": dict(ref.state_dict()), "dim": dim, "heads": heads, "max_tokens": tokens, "expansion": expansion,
+                   "norm": norm}
+    return probe
+
+
+def _probe_train(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    from tinytf import TransformerBlock
+
+    calls = []
+
+    def factory() -> torch.nn.Module:
+        calls.append(1)
+        return TransformerBlock(ns["DIM"], ns["HEADS"], ns["TOKENS"])
+
+    steps, seed = 2, int(torch.randint(0, 10**6, (1,), generator=gen))
+    with torch.random.fork_rng(devices=[]):
+        first = ns["train_curve"](factory, steps=steps, lr=2e-3, seed=seed)
+        second = ns["train_curve"](factory, steps=steps, lr=2e-3, seed=seed)
+    return {"first": first, "second": second}, {"steps": steps, "seed": seed, "vocab": ns["VOCAB"], "layers": ns["LAYERS"],
+                                                "factory_calls": len(calls)}
+
+
+def _probe_comparison(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    """The notebook's own ``curves`` (the comparison is not rerun), exported as the hidden test does."""
+    curves, lrs = ns["curves"], [ns["LR_HIGH"], ns["LR_LOW"]]
+    value = {f"{layout}@{lr:g}": curves[(layout, lr)] for layout, lr in sorted((la, lr) for la in ("pre", "post") for lr in lrs)}
+    return value, {"steps": ns["STEPS"], "vocab": ns["VOCAB"], "lrs": lrs}
+
+
+PROBES: dict[str, Probe] = {"ex04_pre_block": _probe_block("PreNormBlock", "pre"), "ex04_post_block": _probe_block("PostNormBlock", "post"),
+                            "ex04_train": _probe_train, "ex04_comparison": _probe_comparison}
+
+
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex04 code in ``namespace`` (empty when all looks right); never raises."""
-    return check_parts(namespace, [
-        ("PreNormBlock", lambda cls: _diagnose_block("PreNormBlock", cls, "pre")),
-        ("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post")),
-        ("train_curve", _diagnose_train),
-    ])
+    """Findings about the student's ex04 code in ``namespace`` (empty when all looks right): the named
+    problems, then the grader's judges on fresh inputs for every task without one. Never raises."""
+    by_task = {
+        "ex04_pre_block": check_parts(namespace, [("PreNormBlock", lambda cls: _diagnose_block("PreNormBlock", cls, "pre"))]),
+        "ex04_post_block": check_parts(namespace, [("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post"))]),
+        "ex04_train": check_parts(namespace, [("train_curve", _diagnose_train)]),
+    }
+    if "curves" not in namespace:
+        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, "curves is missing", "Run Task 4d's cell to fill curves.")]
+    elif by_task["ex04_train"]:
+        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, "curves inherits the train_curve problem",
+                                              "the comparison's test fails because `train_curve` above is wrong (fix Task 4c first).")]
+    findings = [f for fs in by_task.values() for f in fs]
+    return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])

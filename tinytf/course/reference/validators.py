@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["FLOATING", "tensor", "close", "float_inputs", "bool_mask", "number", "positive", "seconds", "has_keys", "shape_of"]
+__all__ = ["FLOATING", "tensor", "close", "float_inputs", "bool_mask", "number", "positive", "seconds", "has_keys", "shape_of", "differs"]
 
 FLOATING: Literal["floating"] = "floating"
 """``tensor(..., dtype=FLOATING)``: any floating-point dtype, every value finite (the default)."""
@@ -93,6 +93,16 @@ def has_keys(value: Any, keys: Iterable[str], what: str = "the record") -> dict:
     listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     assert isinstance(value, dict) and set(keys) <= set(value), f"{what} must hold {listed}"
     return value
+
+
+def differs(what: str, got: Any, want: torch.Tensor, given: str) -> str:
+    """A message saying exactly what differs: ``what`` for ``given`` (the input shapes) should be ``want``'s
+    shape starting with its first entries; the student's shape and first entries follow."""
+    def head(t: torch.Tensor) -> str:
+        return ", ".join(f"{float(x):.4g}" for x in t.detach().reshape(-1)[:4].float()) + (", …" if t.numel() > 4 else "")
+
+    mine = f"{shape_of(got)} starting [{head(got)}]" if isinstance(got, torch.Tensor) else shape_of(got)
+    return f"{what} for {given} should be {list(want.shape)} starting [{head(want)}]; yours is {mine}"
 
 
 def shape_of(value: Any) -> list[int] | str:
