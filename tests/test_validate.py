@@ -4,6 +4,7 @@ the exit status says whether anything is wrong, and self_check never raises."""
 from __future__ import annotations
 
 import json
+import re
 
 import _coursekit as K
 import pytest
@@ -38,8 +39,9 @@ def test_validate_names_the_pitfall_and_catches_deleted_and_edited_tests(release
     assert "FAIL    ex01_scores" in out and "FAIL    ex01_attention" in out
     assert "pitfall 1" in out and "sqrt" in out, "the diagnosis names the missing scale"
     assert "test cell ex01_hand_qk was deleted" in out and "test cell ex01_softmax was edited" in out
-    assert "PASS    ex01_hand_qk (2 pt) [deleted]" in out, "the released test is run in place of the deleted one"
-    assert "PASS    ex01_softmax (4 pt) [edited]" in out
+    assert re.search(r"PASS    ex01_hand_qk \(2 pt, cell \d+ \(under \"[^\"]+\"\)\) \[deleted\]", out), (
+        "the released test is run in place of the deleted one, and the line says where it is, as JupyterLab shows it")
+    assert re.search(r"PASS    ex01_softmax \(4 pt, cell \d+ .*\) \[edited\]", out)
     assert "Result: FAILED" in out
 
 
@@ -68,3 +70,16 @@ def test_self_check_never_raises_and_explains(capsys):
 
     data = json.loads(diagnose_json("ex01", {"scores_by_hand": stub, "softmax_by_hand": stub, "attention_by_hand": stub}))
     assert "findings" in data and data["findings"], "unimplemented functions are reported, not raised"
+
+
+def test_cells_are_named_the_way_a_student_sees_them():
+    from tinytf.course.notebook import describe_cell
+
+    cells = [{"cell_type": "markdown", "source": "## Task 1b — scaling\n\nDivide the scores."},
+             {"cell_type": "code", "source": "x = 1"},
+             {"cell_type": "code", "source": "def scores_by_hand(q, k):\n    return q @ k.T\n\nclass Helper:\n    pass"},
+             {"cell_type": "code", "source": "def broken(:"}]
+    assert describe_cell(cells, 1) == 'cell 2 (under "Task 1b — scaling")'
+    assert describe_cell(cells, 2) == "cell 3 (defines scores_by_hand, Helper)"
+    assert describe_cell(cells, 3) == "cell 4 (defines broken)", "a cell with a syntax error is still found by its def"
+    assert describe_cell(cells, 0) == "cell 1"

@@ -31,6 +31,7 @@ __all__ = [
     "write_atomic",
     "skip_slow_imports",
     "kernel_config",
+    "describe_cell",
 ]
 
 HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
@@ -189,3 +190,30 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _defines(source: str) -> list[str]:
+    """Names of the functions and classes a code cell defines (top level), in order."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return re.findall(r"^(?:def|class)\s+([A-Za-z_]\w*)", source, re.M)
+    return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def describe_cell(cells: list[dict], index: int) -> str:
+    """How a student finds ``cells[index]`` in JupyterLab: what it defines, or the heading above it,
+    and its position — ``cell 7 (defines scores_by_hand)`` or ``cell 9 (under "Task 1b — scaling")``."""
+    cell = cells[index]
+    names = _defines(cell_source(cell)) if cell.get("cell_type") == "code" else []
+    if names:
+        return f"cell {index + 1} (defines {', '.join(names)})"
+    for prev in reversed(cells[:index]):
+        if prev.get("cell_type") == "markdown":
+            heading = next((ln.lstrip("#").strip() for ln in cell_source(prev).splitlines() if ln.startswith("#")), None)
+            if heading:
+                return f'cell {index + 1} (under "{first_line(heading, 60)}")'
+    return f"cell {index + 1}"
+

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .nbgrader_root import REPO, exercise_id
-from .notebook import cell_source, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook
+from .notebook import cell_source, describe_cell, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook
 
 __all__ = ["CellCheck", "Report", "validate", "format_report", "self_check", "diagnose_json"]
 
@@ -39,6 +39,7 @@ class CellCheck:
     status: str
     message: str = ""
     problem: str = ""  # "deleted", "renamed", "edited" or ""
+    where: str = ""  # how to find it in JupyterLab: "cell 9 (under \"Task 1b — scaling\")"
 
 
 @dataclass
@@ -189,7 +190,8 @@ def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None 
     problems = {s.split()[2]: ("deleted" if "deleted" in s else "edited") for s in report.structure if s.startswith("test cell ")}
     for gid, pts in tests:
         cell = cells.get(gid)
-        check = CellCheck(gid, pts, "not-run", problem=problems.get(gid, ""))
+        where = next((describe_cell(executed.cells, i) for i, c in enumerate(executed.cells) if c is cell), "")
+        check = CellCheck(gid, pts, "not-run", problem=problems.get(gid, ""), where=where)
         if cell is not None and (cell.get("execution_count") is not None or cell.get("outputs")):
             errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
             if not errors:
@@ -207,8 +209,7 @@ def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None 
             continue
         for o in cell.get("outputs", []):
             if o.get("output_type") == "error" and o.get("ename") != "NotImplementedError":
-                name = nbgrader_meta(cell).get("grade_id") or f"cell {i + 1}"
-                report.cell_errors.append(f"{name}: {o.get('ename')}: {first_line(str(o.get('evalue', '')))}")
+                report.cell_errors.append(f"{describe_cell(executed.cells, i)}: {o.get('ename')}: {first_line(str(o.get('evalue', '')))}")
     if diag is None:
         report.diagnosis_error = "the diagnosis did not run (the kernel stopped before it)"
     elif "error" in diag:
@@ -240,7 +241,8 @@ def format_report(r: Report) -> str:
     for c in r.cells:
         extra = f" [{c.problem}]" if c.problem else ""
         msg = f"  {c.message}" if c.message else ""
-        lines.append(f"  {label[c.status]:<7} {c.grade_id} ({c.points:g} pt){extra}{msg}")
+        where = f", {c.where}" if c.where else ""
+        lines.append(f"  {label[c.status]:<7} {c.grade_id} ({c.points:g} pt{where}){extra}{msg}")
     for e in r.cell_errors:
         lines.append(f"  ! error in your cell {e}")
     if r.fatal:
