@@ -90,7 +90,7 @@ def test_per_cell_statuses_say_what_happened(corpus):
     assert cells[("k_renamed_test", "ex01_scores")]["status"] == "missing-cell"
     assert cells[("m_edited_test", "ex01_scores")]["status"] == "tampered"
     n = cells[("n_monkeypatch", "ex01_softmax")]
-    assert n["status"] == "tampered" and "independent check disagrees" in n["message"], n
+    assert n["status"] == "tampered" and "torch.allclose" in n["message"] and "had been replaced" in n["message"], n
     assert cells[("n_monkeypatch", "ex01_attention")]["status"] == "tampered"
     assert "exported no result" in cells[("o_no_record", "ex01_hand_qk")]["message"]
     assert cells[("q_memory_hog", "ex01_hand_qk")]["status"] in ("failed", "error"), "MemoryError in the cell that defines hand_qk"
@@ -255,3 +255,40 @@ def test_feedback_joins_stream_chunks_so_pages_do_not_depend_on_timing():
     whole_page = sanitize_for_feedback({"cells": [whole]}, [])
     assert split_page == whole_page
     assert [o["text"] for o in split_page["cells"][0]["outputs"]] == ["exp:\ntensor([1.])\n", "warn\n"]
+
+
+def test_tampered_needs_evidence_a_wrong_answer_alone_is_failed():
+    from tinytf.course.finish import CellSpec, _cell_status
+    from tinytf.course.judges import judge
+
+    @judge("ex99_evidence_test")
+    def _(value, x):
+        assert value == 2 * x, "double(x) should be 2 * x"
+
+    spec = CellSpec("ex99_evidence_test", "auto", 1, "assert double(2) == 4")
+    cell = {"cell_type": "code", "source": "assert double(2) == 4", "outputs": [], "metadata": {}}
+    executed = {"ex99_evidence_test": cell}
+
+    def status(rec):
+        return _cell_status(spec, cell, executed, {"ex99_evidence_test": rec} if rec else {}, False, "")
+
+    assert status({"value": 4, "inputs": {"x": 2}, "interference": []}) == ("ok", "")
+    wrong, msg = status({"value": 5, "inputs": {"x": 2}, "interference": []})
+    assert wrong == "failed" and "double(x) should be 2 * x" in msg, "a wrong answer the judge catches is failed, not tampered"
+    assert status({"value": 5, "inputs": {"x": 2}})[0] == "failed", "records written before this rule carry no evidence"
+    forged, msg = status({"value": 5, "inputs": {"x": 2}, "interference": ["torch.allclose"]})
+    assert forged == "tampered" and "torch.allclose" in msg
+    assert status(None)[0] == "tampered", "a cell that passed yet exported nothing bypassed record()"
+
+
+def test_record_lists_replaced_checking_functions(monkeypatch):
+    import torch
+
+    from tinytf.course import record
+
+    assert record.interference() == []
+    monkeypatch.setattr(torch, "allclose", lambda *a, **k: True)
+    monkeypatch.setattr(torch.testing, "assert_close", lambda *a, **k: None)
+    assert record.interference() == ["torch.allclose", "torch.testing.assert_close"]
+    monkeypatch.setattr(record, "record", lambda *a, **k: None)
+    assert "tinytf.course.record.record" in record.interference()

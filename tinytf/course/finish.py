@@ -3,8 +3,9 @@
 ``python -I -m tinytf.course.finish --spec JOBS.json --course ROOT`` runs no student code. For every
 job it decides each test cell's status from the submitted notebook (deleted, renamed or edited test
 cells), nbgrader's executed notebook (errors, timeouts) and the clean-process judges
-(:mod:`tinytf.course.judges`): a cell nbgrader passed whose judge fails or whose record is missing is
-``tampered`` and earns 0. It writes the feedback HTML through ``nbgrader generate_feedback`` from a
+(:mod:`tinytf.course.judges`): a cell nbgrader passed whose judge fails is ``failed`` — or ``tampered``
+when its record shows that checking functions had been replaced in the kernel — and one whose record
+is missing (``record`` bypassed) is ``tampered``; both earn 0. It writes the feedback HTML through ``nbgrader generate_feedback`` from a
 copy with every hidden test and every test-cell traceback removed (nbgrader 0.9.6's feedback does
 not remove hidden tests itself), and the job's verdict to ``<job>/result.json``.
 """
@@ -138,7 +139,10 @@ def _cell_status(spec: CellSpec, cell: dict | None, executed: dict[str, dict], r
         return "tampered", "the cell passed but exported no result for the independent check"
     passed, why = run_judge(spec.grade_id, rec["value"], rec["inputs"])
     if not passed:
-        return "tampered", f"the cell passed but the independent check disagrees: {why}"[:300]
+        patched = [str(x) for x in rec.get("interference") or []]
+        if patched:  # evidence: the kernel's checks were replaced, so its "pass" proves nothing
+            return "tampered", f"the cell passed only because {', '.join(patched)} had been replaced; the independent check: {why}"[:300]
+        return "failed", f"wrong result (found by the independent check): {why}"[:300]
     return "ok", ""
 
 

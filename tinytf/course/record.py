@@ -7,6 +7,10 @@ in a fresh interpreter and asks the judge registered for ``grade_id`` (see
 :mod:`tinytf.course.judges`) whether ``value`` is right for ``inputs``. A student who monkeypatches
 ``torch.allclose`` or the test helpers inside their own kernel cannot reach that process.
 Outside grading (``TINYTF_RECORD_DIR`` unset) ``record`` does nothing.
+
+Each record also lists the checking functions that were no longer the originals when it was written
+(``"interference"``: ``torch.allclose`` replaced, say). The grader calls a result ``tampered`` only on
+such evidence; a wrong result without it is simply ``failed``.
 """
 
 from __future__ import annotations
@@ -18,10 +22,36 @@ from typing import Any
 
 import torch
 
-__all__ = ["record", "load_records", "RECORD_ENV"]
+__all__ = ["record", "load_records", "interference", "RECORD_ENV"]
 
 RECORD_ENV = "TINYTF_RECORD_DIR"
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
+# the functions a test cell's verdict rests on; replacing one in the kernel is evidence of interference
+_WATCHED = ("torch.allclose", "torch.equal", "torch.isclose", "torch.testing.assert_close", "torch.Tensor.allclose",
+            "torch.Tensor.equal", "math.isclose", "builtins.isinstance", "builtins.float", "builtins.abs")
+
+
+def _resolve(dotted: str) -> Any:
+    import builtins
+    import math
+
+    roots = {"torch": torch, "math": math, "builtins": builtins}
+    head, *rest = dotted.split(".")
+    obj: Any = roots[head]
+    for part in rest:
+        obj = getattr(obj, part, None)
+    return obj
+
+
+_ORIGINAL = {name: _resolve(name) for name in _WATCHED}  # taken when the locked set-up cell imports this module
+
+
+def interference() -> list[str]:
+    """The watched checking functions (and ``record`` itself) that have been replaced since import."""
+    changed = [name for name in _WATCHED if _resolve(name) is not _ORIGINAL[name]]
+    if globals().get("record") is not _RECORD:
+        changed.append("tinytf.course.record.record")
+    return changed
 
 
 def _plain(x: Any) -> Any:
@@ -50,8 +80,11 @@ def record(grade_id: str, value: Any, **inputs: Any) -> None:
     path = Path(folder) / f"{grade_id}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"value": _plain(value), "inputs": _plain(inputs)}, tmp)
+    torch.save({"value": _plain(value), "inputs": _plain(inputs), "interference": interference()}, tmp)
     os.replace(tmp, path)
+
+
+_RECORD = record
 
 
 def load_records(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
