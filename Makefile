@@ -55,7 +55,7 @@ lint: $(SETUP) ## ruff on the package, tests and notebooks
 	$(PYTHON) -m ruff check .
 
 unit: $(SETUP) ## unit tests (tests/)
-	$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile -m "not ui" --ignore=tests/ui tests
+	$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile --durations=10 -m "not ui" --ignore=tests/ui tests
 
 notebooks: $(SETUP) ## execute every chapter and solution notebook with nbval (CPU)
 	@if [ -n "$(strip $(NOTEBOOKS) $(SOLUTIONS))" ]; then \
