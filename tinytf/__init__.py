@@ -14,6 +14,7 @@ from .checks import CATALOG, PITFALLS, Finding, Pitfall, diagnose_attention, dia
 from .device import describe_device, pick_device, synchronize
 from .heads import CausalSelfAttention, MultiHeadAttention
 from .kvcache import KVCache, generate
+from .language import notebook_language
 from .lm import ModelConfig, TinyLanguageModel, lm_loss, train_step
 from .masks import causal_mask, padding_mask
 from .memory import Ledger, ledger
@@ -40,6 +41,7 @@ __all__ = [
     "pick_device",
     "describe_device",
     "synchronize",
+    "notebook_language",
     "count_parameters",
     "parameter_breakdown",
     "Ledger",

@@ -142,8 +142,13 @@ CATALOG: dict[Pitfall, Entry] = {
 PITFALLS: dict[int, str] = {int(p): e.title for p, e in CATALOG.items()}
 
 
-def glance_table(lang: str = "en") -> str:
-    """Chapter 08's "the fourteen at a glance" table as markdown, in English or Chinese (``"zh"``)."""
+def glance_table(lang: str | None = None) -> str:
+    """Chapter 08's "the fourteen at a glance" table as markdown, in English or Chinese (``"zh"``);
+    by default in the running notebook's language (:func:`tinytf.language.notebook_language`)."""
+    if lang is None:
+        from ..language import notebook_language
+
+        lang = notebook_language()
     if lang == "zh":
         head = "| # | 陷阱 | 症状 | 检测 | 修复 |\n|---|---|---|---|---|"
         rows = [f"| {int(p)} | {e.title_zh} | {e.symptom_zh} | {e.detector} | {e.fix_zh} |" for p, e in CATALOG.items() if p]

@@ -28,6 +28,7 @@ from ..attention import scaled_dot_product_attention
 from ..heads import MultiHeadAttention
 from ..masks import causal_mask
 from ._front import interactive_figure, recall, remember
+from .fonts import displayable, has_cjk, use_cjk_font
 
 __all__ = [
     "attention_figure",
@@ -43,16 +44,22 @@ __all__ = [
 
 MASKS = ("none", "causal", "padding", "both")
 SCALINGS = ("1/sqrt(d)", "none", "temperature")
-TOKENIZERS = ("words", "chars")
+TOKENIZERS = ("auto", "words", "chars")
 PAD = "<pad>"
 DIM = 24  # divisible by 1, 2, 3, 4, 6, 8, 12, 24: every sensible head count works
 MAX_TOKENS = 24  # keeps the heatmap readable
 
 
-def tokenize(sentence: str, mode: str = "words") -> list[str]:
-    """Split ``sentence`` into word tokens (whitespace) or character tokens (spaces shown as ``␣``)."""
+def tokenize(sentence: str, mode: str = "auto") -> list[str]:
+    """Split ``sentence`` into word tokens (whitespace) or character tokens (spaces shown as ``␣``).
+
+    ``"auto"``: characters for text with Chinese (or other CJK) characters, which has no spaces
+    between words (``"猫坐在垫子上"`` -> 6 tokens), words otherwise.
+    """
     if mode not in TOKENIZERS:
         raise ValueError(f"tokenize: mode must be one of {TOKENIZERS}, got {mode!r}")
+    if mode == "auto":
+        mode = "chars" if has_cjk(sentence) else "words"
     if mode == "words":
         return sentence.split()
     return ["␣" if c == " " else c for c in sentence.strip()]
@@ -83,7 +90,7 @@ def _build_tokens(sentence: str, tokenizer: str, mask: str, pad_to: int | None) 
 def explorer_weights(
     sentence: str = "the cat sat on the mat",
     *,
-    tokenizer: str = "words",
+    tokenizer: str = "auto",
     heads: int = 2,
     mask: str = "causal",
     scaling: str = "1/sqrt(d)",
@@ -188,8 +195,10 @@ def _heatmap_layout(tokens: tuple[str, ...], annotate: bool) -> tuple[Any, _Heat
                for i in range(t) for j in range(t)]  # one per cell, shown where the mask blocks it
     for patch in hatches:
         ax.add_artist(patch)  # add_artist, not add_patch: the image already fixed the limits
-    ax.set_xticks(range(t), tokens, rotation=60, ha="right")
-    ax.set_yticks(range(t), tokens)
+    cjk_ok = use_cjk_font(tokens)  # a Chinese font when the tokens need one (else code points)
+    labels = [displayable(w, cjk_ok) for w in tokens]
+    ax.set_xticks(range(t), labels, rotation=60, ha="right")
+    ax.set_yticks(range(t), labels)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
     title = ax.set_title("", fontsize=9, y=1.0)  # y given: no per-draw title placement
@@ -216,7 +225,7 @@ def _heatmap_fill(parts: _Heatmap, data: dict[str, Any]) -> None:
 def attention_figure(
     sentence: str = "the cat sat on the mat",
     *,
-    tokenizer: str = "words",
+    tokenizer: str = "auto",
     heads: int = 2,
     head: int = 0,
     mask: str = "causal",
@@ -252,7 +261,7 @@ def update_attention_figure(fig: Any, sentence: str = "the cat sat on the mat", 
     like :func:`attention_figure`, before touching ``fig``.
     """
     parts = recall(fig)
-    options = {"tokenizer": "words", "mask": "causal", "scaling": "1/sqrt(d)", "temperature": 1.0, "pad_to": None,
+    options = {"tokenizer": "auto", "mask": "causal", "scaling": "1/sqrt(d)", "temperature": 1.0, "pad_to": None,
                "pad_side": "right", "seed": 0} | options | {"sentence": sentence}
     data = _heatmap_data(head, heads, annotate, options)
     if not isinstance(parts, _Heatmap) or parts.key != (data["tokens"], data["annotate"]):
@@ -264,7 +273,7 @@ def update_attention_figure(fig: Any, sentence: str = "the cat sat on the mat", 
 def attention_explorer(
     sentence: str = "the cat sat on the mat",
     *,
-    tokenizer: str = "words",
+    tokenizer: str = "auto",
     heads: int = 2,
     head: int = 0,
     mask: str = "causal",
