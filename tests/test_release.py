@@ -11,10 +11,21 @@ import _coursekit as K
 import pytest
 
 from tinytf.course.nbgrader_root import REPO, find_notebooks
-from tinytf.course.release import release
+from tinytf.course.release import EDITION_FOLDERS, release
 
-SOLUTIONS = find_notebooks(REPO / "solutions") if (REPO / "solutions").is_dir() else {}
-RELEASED = find_notebooks(REPO / "exercises") if (REPO / "exercises").is_dir() else {}
+
+def _found(folder: str) -> dict[str, Path]:
+    return find_notebooks(REPO / folder) if (REPO / folder).is_dir() else {}
+
+
+# {(edition, exercise): path} for both editions: solutions/ -> exercises/, solutions/zh/ -> exercises/zh/
+SOLUTIONS = {(lang, ex): p for lang, (src, _) in EDITION_FOLDERS.items() for ex, p in _found(src).items()}
+RELEASED = {(lang, ex): p for lang, (_, out) in EDITION_FOLDERS.items() for ex, p in _found(out).items()}
+KEYS = sorted(RELEASED)
+
+
+def _key_id(key: tuple[str, str]) -> str:
+    return "-".join(key)
 CLEAN_ERRORS = {"NotImplementedError", "NameError", "AssertionError"}
 
 
@@ -48,11 +59,16 @@ def test_release_is_byte_identical_and_strips_solutions_and_hidden_tests(tmp_pat
 
 
 @pytest.mark.skipif(not SOLUTIONS, reason="no solutions yet")
-def test_committed_exercises_are_exactly_a_fresh_release(tmp_path):
-    fresh = release(REPO / "solutions", tmp_path)
-    assert sorted(p.name for p in fresh) == sorted(p.name for p in RELEASED.values()), "run `make release` and commit exercises/"
+@pytest.mark.parametrize("lang", sorted(EDITION_FOLDERS))
+def test_committed_exercises_are_exactly_a_fresh_release(tmp_path, lang):
+    src, out = EDITION_FOLDERS[lang]
+    if not _found(src):
+        pytest.skip(f"no {src}/ yet")
+    fresh = release(REPO / src, tmp_path)
+    committed = sorted(p.name for (lg, _), p in RELEASED.items() if lg == lang)
+    assert sorted(p.name for p in fresh) == committed, f"run `make release` and commit {out}/"
     for path in fresh:
-        assert (REPO / "exercises" / path.name).read_bytes() == path.read_bytes(), f"exercises/{path.name} is stale: run `make release`"
+        assert (REPO / out / path.name).read_bytes() == path.read_bytes(), f"{out}/{path.name} is stale: run `make release`"
 
 
 def _solution_lines(nb: dict) -> tuple[list[str], str]:
@@ -71,7 +87,7 @@ def _solution_lines(nb: dict) -> tuple[list[str], str]:
 
 
 @pytest.mark.skipif(not RELEASED, reason="no released exercises yet")
-@pytest.mark.parametrize("ex", sorted(RELEASED))
+@pytest.mark.parametrize("ex", KEYS, ids=_key_id)
 def test_nothing_of_a_solution_or_a_hidden_test_is_released(ex):
     sol = K.load(SOLUTIONS[ex])
     rel = K.load(RELEASED[ex])
@@ -109,7 +125,7 @@ def _run_untouched(path: Path) -> tuple[list, bool]:
 
 
 @pytest.mark.skipif(not RELEASED, reason="no released exercises yet")
-@pytest.mark.parametrize("ex", sorted(RELEASED))
+@pytest.mark.parametrize("ex", KEYS, ids=_key_id)
 def test_released_exercise_run_untouched_fails_its_tests_cleanly(ex, monkeypatch):
     monkeypatch.setenv("TINYTF_HEADLESS", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
@@ -127,5 +143,5 @@ def test_released_exercise_run_untouched_fails_its_tests_cleanly(ex, monkeypatch
     assert set(errors.values()) <= CLEAN_ERRORS, f"unexpected errors: {errors}"
     assert "NotImplementedError" in errors.values()
     last = K.src(cells[-1])
-    assert last.startswith(f'from tinytf.course.validate import self_check; self_check("{ex}")'), "the last cell is the self-check"
+    assert last.startswith(f'from tinytf.course.validate import self_check; self_check("{ex[1]}")'), "the last cell is the self-check"
     assert not any(o.get("output_type") == "error" for o in cells[-1].get("outputs", [])), "self_check never raises"

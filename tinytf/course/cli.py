@@ -22,9 +22,13 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
-    from .release import release
+    from .nbgrader_root import REPO
+    from .release import release, release_editions
 
-    paths = release(args.solutions, args.out, args.exercises or None)
+    if args.solutions is None and args.out is None:  # both editions: solutions[/zh] -> exercises[/zh]
+        paths = release_editions(exercises=args.exercises or None)
+    else:
+        paths = release(args.solutions or REPO / "solutions", args.out or REPO / "exercises", args.exercises or None)
     for p in paths:
         print(f"released {p}")
     return 0
@@ -87,9 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .nbgrader_root import REPO
 
     ex_help = "only these exercises, e.g. ex01 ex02 (default: all)"
-    p = sub.add_parser("release", help="generate exercises/ from solutions/ with nbgrader (deterministic)")
-    p.add_argument("--solutions", default=str(REPO / "solutions"))
-    p.add_argument("--out", default=str(REPO / "exercises"))
+    p = sub.add_parser("release", help="generate exercises/ from solutions/ with nbgrader (deterministic; both editions: "
+                       "solutions/zh/ -> exercises/zh/ too)")
+    p.add_argument("--solutions", default=None, help="one folder of instructor sources (default: both editions)")
+    p.add_argument("--out", default=None, help="where its student versions go (default: exercises/ and exercises/zh/)")
     p.add_argument("--exercises", nargs="*", help=ex_help)
     p.set_defaults(func=_release)
 

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tinytf.language import LANGUAGES, edition_of
+
 __all__ = [
     "EDITIONS",
     "edition",
@@ -26,7 +28,7 @@ __all__ = [
     "needs_translation",
 ]
 
-EDITIONS = ("en", "zh")
+EDITIONS = LANGUAGES
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 # nbgrader's region markers are comments, so the token comparison alone would not see a lost one
 _MARKER = re.compile(r"^\s*#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)\b.*$", re.MULTILINE)
@@ -35,8 +37,7 @@ _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER}
 
 def edition(nb: dict[str, Any]) -> str:
     """``"zh"`` or ``"en"``: the notebook's ``metadata.tinytf.edition`` (English when absent)."""
-    value = nb.get("metadata", {}).get("tinytf", {}).get("edition", "en")
-    return value if value in EDITIONS else "en"
+    return edition_of(nb)
 
 
 def twin_path(english: str | Path, lang: str = "zh") -> Path:
@@ -69,11 +70,20 @@ def _first_difference(a: list[tuple[int, str]], b: list[tuple[int, str]]) -> str
     return f"the English has {len(a)} tokens, the twin {len(b)}"
 
 
+def _comparable_metadata(cell: dict[str, Any]) -> dict[str, Any]:
+    """Cell metadata without nbgrader's ``checksum`` of a released cell: it hashes the source, comments
+    included, so it differs between twins by design (the grader compares each edition with its own)."""
+    meta = dict(cell.get("metadata", {}))
+    if isinstance(meta.get("nbgrader"), dict):
+        meta["nbgrader"] = {k: v for k, v in meta["nbgrader"].items() if k != "checksum"}
+    return meta
+
+
 def _cell_problems(en: dict[str, Any], zh: dict[str, Any]) -> list[str]:
     if en.get("cell_type") != zh.get("cell_type"):
         return [f"cell type {zh.get('cell_type')} differs from the English {en.get('cell_type')}"]
     problems = []
-    if en.get("metadata", {}) != zh.get("metadata", {}):
+    if _comparable_metadata(en) != _comparable_metadata(zh):
         problems.append("cell metadata (tags, nbgrader grade id/points/locked) differs from the English twin")
     if en["cell_type"] == "code":
         a, b = _source(en), _source(zh)

@@ -17,6 +17,7 @@ helpers (reading, deterministic writing, cell metadata) are in :mod:`tinytf.cour
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -79,8 +80,16 @@ def ensure_tool_path() -> None:
         os.environ["PATH"] = os.pathsep.join([bindir, *parts])
 
 
-def nbgrader_config(root: str | os.PathLike, *, timeout: int = 60, max_output_lines: int = 200):
-    """A traitlets Config for a course root; ``timeout`` is nbgrader's per-cell timeout (s)."""
+# what nbgrader writes where a solution was: the code is the same in both editions, the words are not
+_STUBS = {
+    "en": ("# YOUR CODE HERE\nraise NotImplementedError()", "YOUR ANSWER HERE"),
+    "zh": ("# 在这里写你的代码\nraise NotImplementedError()", "在这里写下你的回答"),
+}
+
+
+def nbgrader_config(root: str | os.PathLike, *, timeout: int = 60, max_output_lines: int = 200, edition: str = "en"):
+    """A traitlets Config for a course root; ``timeout`` is nbgrader's per-cell timeout (s); ``edition``
+    (``"en"``/``"zh"``) picks the language of the stubs that replace solutions."""
     from traitlets.config import Config
 
     root = Path(root).resolve()
@@ -95,6 +104,9 @@ def nbgrader_config(root: str | os.PathLike, *, timeout: int = 60, max_output_li
     c.LimitOutput.max_lines = max_output_lines
     c.LimitOutput.max_traceback = 60
     c.Exchange.root = str(root / "exchange")  # never touch /srv/nbgrader
+    code_stub, text_stub = _STUBS.get(edition, _STUBS["en"])
+    c.ClearSolutions.code_stub = {"python": code_stub}
+    c.ClearSolutions.text_stub = text_stub
     c.merge(kernel_config())  # encrypted kernel sockets where the kernelspec allows it
     return c
 
@@ -117,7 +129,13 @@ def build_course_root(solutions: dict[str, Path], root: str | os.PathLike | None
 
     Returns ``(root, {ex: notebook file name})``; ``root`` is a new temp folder when not given.
     Raises RuntimeError with nbgrader's log when generation fails (bad metadata, unclosed markers).
+    The stubs are in the solutions' edition (``metadata.tinytf.edition``; all must agree).
     """
+    from .editions import edition
+
+    langs = {edition(json.loads(Path(p).read_text(encoding="utf-8"))) for p in solutions.values()}
+    if len(langs) > 1:
+        raise ValueError(f"solutions of both editions in one course root ({sorted(langs)}): release each folder on its own")
     root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="tinytf-course-"))
     root.mkdir(parents=True, exist_ok=True)
     names: dict[str, str] = {}
@@ -126,7 +144,7 @@ def build_course_root(solutions: dict[str, Path], root: str | os.PathLike | None
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest)
         names[ex] = path.name
-    a = api(root)
+    a = api(root, edition=langs.pop() if langs else "en")
     for ex in sorted(solutions):
         result = a.generate_assignment(ex, force=True, create=True)
         if not result.get("success"):

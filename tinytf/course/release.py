@@ -16,7 +16,10 @@ from pathlib import Path
 from .nbgrader_root import REPO, build_course_root, find_notebooks
 from .notebook import dumps_notebook, load_json, write_atomic
 
-__all__ = ["release", "released_text"]
+__all__ = ["release", "release_editions", "released_text", "EDITION_FOLDERS"]
+
+# (instructor sources, student versions) of each edition; the Chinese twins live in zh/ subfolders
+EDITION_FOLDERS = {"en": ("solutions", "exercises"), "zh": ("solutions/zh", "exercises/zh")}
 
 
 def released_text(root: Path, ex: str, name: str) -> str:
@@ -59,4 +62,16 @@ def release(
         for stale in out.glob("ex[0-9][0-9]*.ipynb"):
             if stale.name not in keep:
                 stale.unlink()
+    return written
+
+
+def release_editions(repo: str | Path = REPO, exercises: Iterable[str] | None = None) -> list[Path]:
+    """:func:`release` for every edition whose ``solutions`` folder exists: ``solutions/`` ->
+    ``exercises/`` and ``solutions/zh/`` -> ``exercises/zh/``. Each edition is released on its own
+    (nbgrader's checksums cover the comments, which the Chinese twins translate)."""
+    repo = Path(repo)
+    written: list[Path] = []
+    for src, out in EDITION_FOLDERS.values():
+        if find_notebooks(repo / src):
+            written += release(repo / src, repo / out, exercises)
     return written
