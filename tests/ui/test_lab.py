@@ -1,7 +1,7 @@
 """Real-browser test (``make test-ui``): JupyterLab + Debian's Chromium, driven by Playwright.
 
 Starts JupyterLab on a free localhost port (no token) in a temporary folder holding a copy of
-chapter 01, opens it in Chromium, runs all cells, waits for the attention explorer, changes its
+chapter 01 (each edition once), opens it in Chromium, runs all cells, waits for the attention explorer, changes its
 mask, and checks that the heatmap image changed. A screenshot lands in ``build/ui/``. The server is
 stopped by its process group in ``finally``. ``TINYTF_HEADLESS`` is removed from the server's
 environment so the live widget (not the static figure) is what renders.
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.ui
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTER = ROOT / "notebooks" / "01_attention.ipynb"
+CHAPTERS = {"en": CHAPTER, "zh": ROOT / "notebooks" / "zh" / "01_attention.ipynb"}  # both editions, once each
 SHOTS = ROOT / "build" / "ui"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -69,14 +70,14 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
-@pytest.fixture
-def lab(tmp_path: Path):
-    """A JupyterLab server on a copy of chapter 01; yields its base URL."""
+@pytest.fixture(params=sorted(CHAPTERS))
+def lab(tmp_path: Path, request):
+    """A JupyterLab server on a copy of chapter 01 (English, then Chinese); yields ``(base URL, edition)``."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: install it (Debian: apt-get install chromium) or set CHROMIUM=/path/to/chromium")
     work = tmp_path / "lab"
     work.mkdir()
-    shutil.copy(CHAPTER, work / CHAPTER.name)
+    shutil.copy(CHAPTERS[request.param], work / CHAPTER.name)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("TINYTF_HEADLESS", "MPLBACKEND")}
     env |= {"JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
@@ -90,12 +91,12 @@ def lab(tmp_path: Path):
     try:
         base = f"http://127.0.0.1:{port}"
         wait_for_server(f"{base}/api/status", proc, log)
-        yield base
+        yield base, request.param
     finally:
         stop(proc)
 
 
-def test_attention_explorer_reacts_in_a_real_browser(lab: str):
+def test_attention_explorer_reacts_in_a_real_browser(lab: tuple[str, str]):
     from playwright.sync_api import sync_playwright
 
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -105,16 +106,17 @@ def test_attention_explorer_reacts_in_a_real_browser(lab: str):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(60_000)
             try:
-                drive(page, lab)
+                drive(page, *lab)
             except Exception:
-                page.screenshot(path=str(SHOTS / "failure.png"))  # what the browser showed when it failed
+                page.screenshot(path=str(SHOTS / f"failure-{lab[1]}.png"))  # what the browser showed when it failed
                 raise
         finally:
             browser.close()
 
 
-def drive(page, lab: str) -> None:
-    """Open chapter 01, run all cells, change the explorer's mask, check the heatmap changed."""
+def drive(page, lab: str, lang: str = "en") -> None:
+    """Open chapter 01, run all cells, change the explorer's mask, check the heatmap changed; the
+    figure of a Chinese sentence renders (no missing glyph); the Chinese edition shows Chinese prose."""
     page.goto(f"{lab}/lab/tree/{CHAPTER.name}", wait_until="domcontentloaded")
     page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
     # the kernel must be connected before "Run All": the status bar reads "<kernel name> | Idle"
@@ -154,8 +156,13 @@ def drive(page, lab: str) -> None:
 
     explorer.scroll_into_view_if_needed()
     page.wait_for_timeout(500)
-    page.screenshot(path=str(SHOTS / "attention_explorer.png"))
-    explorer.screenshot(path=str(SHOTS / "attention_explorer_widget.png"))
+    suffix = "" if lang == "en" else f"_{lang}"
+    page.screenshot(path=str(SHOTS / f"attention_explorer{suffix}.png"))
+    explorer.screenshot(path=str(SHOTS / f"attention_explorer_widget{suffix}.png"))
+    if lang == "zh":
+        assert page.get_by_text("注意力（Attention）").count(), "the Chinese chapter shows its Chinese title"
+    tokens = page.locator(".jp-OutputArea-output", has_text=re.compile(r"^12 tokens: 猫 坐 在"))  # the Chinese-sentence cell
+    tokens.first.wait_for(timeout=120_000)
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-    tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t]
+    tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t or "Glyph" in t]
     assert not tracebacks, tracebacks[:2]

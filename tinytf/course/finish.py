@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .gradebook import CellResult, plain_html
+from .messages import say, status_name, translate
 from .notebook import (
     cell_source,
     cells_by_id,
@@ -199,8 +200,9 @@ def _trimmed(outputs: list[dict]) -> list[dict]:
     return outputs
 
 
-def sanitize_for_feedback(nb: dict, cells: list[CellResult]) -> dict:
-    """A copy safe to show students: hidden tests and test-cell outputs removed, long outputs cut."""
+def sanitize_for_feedback(nb: dict, cells: list[CellResult], lang: str = "en") -> dict:
+    """A copy safe to show students: hidden tests and test-cell outputs removed, long outputs cut;
+    each test cell shows its status and message in ``lang``."""
     nb = json.loads(json.dumps(nb))
     by_id = {c.cell: c for c in cells}
     for cell in nb.get("cells", []):
@@ -212,21 +214,23 @@ def sanitize_for_feedback(nb: dict, cells: list[CellResult]) -> dict:
             continue
         if meta.get("grade_id") in by_id and meta.get("grade") and not meta.get("solution"):  # a test cell
             r = by_id[meta["grade_id"]]
-            text = f"{r.status}: {r.message}" if r.message else r.status
+            status = status_name(r.status, lang)
+            text = f"{status}: {translate(r.message, lang)}" if r.message else status
             cell["outputs"] = [] if r.status == "ok" else [{"output_type": "stream", "name": "stderr", "text": text + "\n"}]
         else:
             cell["outputs"] = _trimmed(cell.get("outputs", []))
     return nb
 
 
-def _summary_cell(ex: str, student: str, cells: list[CellResult], note: str) -> dict:
-    rows = "\n".join(f"| `{c.cell}` | {c.points:g} / {c.max_points:g} | {c.status} | {html.escape(c.message)} |" for c in cells)
+def _summary_cell(ex: str, student: str, cells: list[CellResult], note: str, lang: str = "en") -> dict:
+    rows = "\n".join(f"| `{c.cell}` | {c.points:g} / {c.max_points:g} | {status_name(c.status, lang)} | "
+                     f"{html.escape(translate(c.message, lang))} |" for c in cells)
     total = sum(c.points for c in cells)
     best = sum(c.max_points for c in cells)
-    text = f"## tinytf grading: {ex} for {student}\n\n**{total:g} / {best:g} points** (written answers are added by an instructor).\n\n"
+    text = f"## {say('fb_title', lang, ex=ex, student=student)}\n\n{say('fb_points', lang, total=total, best=best)}\n\n"
     if note:
-        text += f"Note: {html.escape(note)}\n\n"
-    text += "| test cell | points | status | details |\n|---|---|---|---|\n" + rows + "\n"
+        text += say("fb_note", lang, note=html.escape(translate(note, lang))) + "\n\n"
+    text += say("fb_columns", lang) + "\n|---|---|---|---|\n" + rows + "\n"
     return {"cell_type": "markdown", "id": "tinytf-grading-summary", "metadata": {}, "source": text}
 
 
@@ -247,13 +251,15 @@ def _zero_failed(job: Path, ex: str, student: str, name: str, cells: list[CellRe
         gb.db.commit()
 
 
-def _feedback(job: Path, ex: str, student: str, name: str, cells: list[CellResult], note: str, autograded: dict) -> Path:
+def _feedback(job: Path, ex: str, student: str, name: str, cells: list[CellResult], note: str, autograded: dict,
+              lang: str = "en") -> Path:
+    """The student's feedback page, in the submission's language ``lang``."""
     out = job / "feedback.html"
     if not autograded:
-        write_atomic(out, plain_html(ex, student, cells, note))
+        write_atomic(out, plain_html(ex, student, cells, note, lang))
         return out
-    nb = sanitize_for_feedback(autograded, cells)
-    nb["cells"].insert(0, _summary_cell(ex, student, cells, note))
+    nb = sanitize_for_feedback(autograded, cells, lang)
+    nb["cells"].insert(0, _summary_cell(ex, student, cells, note, lang))
     write_atomic(job / "autograded" / student / ex / name, json.dumps(nb))
     try:
         from .nbgrader_root import api
@@ -266,7 +272,7 @@ def _feedback(job: Path, ex: str, student: str, name: str, cells: list[CellResul
             return out
     except Exception:  # noqa: BLE001 - fall back to the plain page below
         pass
-    write_atomic(out, plain_html(ex, student, cells, note))
+    write_atomic(out, plain_html(ex, student, cells, note, lang))
     return out
 
 
@@ -288,8 +294,9 @@ def finish(spec: Path, course: Path, judge_files: Iterable[str] = ()) -> None:
     for item in load_json(spec):
         job = Path(item["job"])
         try:
-            cells, note, autograded = judge_cells(job, course, item["exercise"], item["student"], item["name"], Path(item["submission"]))
-            fb = _feedback(job, item["exercise"], item["student"], item["name"], cells, note, autograded)
+            lang, root = item.get("edition", "en"), Path(item.get("course", course))  # the submission's edition
+            cells, note, autograded = judge_cells(job, root, item["exercise"], item["student"], item["name"], Path(item["submission"]))
+            fb = _feedback(job, item["exercise"], item["student"], item["name"], cells, note, autograded, lang)
             payload = {"note": note, "feedback": str(fb), "cells": [asdict(c) for c in cells]}
         except Exception as err:  # noqa: BLE001 - one broken job must not stop the others
             payload = {"error": f"{type(err).__name__}: {err}"[:300]}

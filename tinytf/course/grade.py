@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinytf.language import edition_of
+
 from .finish import CellSpec, classify_test_cell, grade_specs, sanitize_for_feedback
 from .gradebook import STATUSES, CellResult, ExerciseResult, aggregate, summary_text, whole, write_gradebook
 from .nbgrader_root import REPO, build_course_root, ensure_tool_path, find_notebooks, nbgrader_config
@@ -51,7 +53,7 @@ BENCH_PHASES = ("_setup", "_sandbox_one", "_finish_all")
 
 @dataclass
 class _Context:
-    course: Path
+    courses: dict[str, Path]  # edition -> the run's course root built from that edition's solutions
     work: Path
     names: dict[str, str]
     specs: dict[str, list[CellSpec]]
@@ -97,20 +99,22 @@ def _whole(ctx: _Context, ex: str, student: str, status: str, message: str) -> E
     return whole(ex, student, [(s.grade_id, s.points) for s in ctx.specs[ex]], status, message)
 
 
-def _make_job(ctx: _Context, student: str, ex: str, sub: Path, nb: dict) -> tuple[Path, Path]:
-    """The job's private course root (and, outside it, the pristine submission and nbgrader's config)."""
-    name = ctx.names[ex]
+def _make_job(ctx: _Context, student: str, ex: str, sub: Path, nb: dict, lang: str) -> tuple[Path, Path]:
+    """The job's private course root, from the course root of the submission's edition ``lang`` (and,
+    outside it, the pristine submission and nbgrader's config)."""
+    name, course = ctx.names[ex], ctx.courses[lang]
     job = ctx.work / "jobs" / f"{student}__{ex}"
     shutil.rmtree(job, ignore_errors=True)
     (job / "source" / ex).mkdir(parents=True)
-    shutil.copyfile(ctx.course / "gradebook.db", job / "gradebook.db")
-    shutil.copyfile(ctx.course / "source" / ex / name, job / "source" / ex / name)
+    shutil.copyfile(course / "gradebook.db", job / "gradebook.db")
+    shutil.copyfile(course / "source" / ex / name, job / "source" / ex / name)
     (job / "submitted" / student / ex).mkdir(parents=True)
     pristine = job.parent / f"{student}__{ex}.submitted.ipynb"  # outside the sandbox's root
     shutil.copyfile(sub, pristine)
     write_atomic(job / "submitted" / student / ex / name, json.dumps(_for_nbgrader(nb, ctx.known_ids[ex])))
     (job / "records").mkdir()
-    write_atomic(job.parent / f"{student}__{ex}.nbgrader.json", json.dumps(nbgrader_config(job, timeout=ctx.cell_timeout)))
+    config = nbgrader_config(job, timeout=ctx.cell_timeout, edition=lang)
+    write_atomic(job.parent / f"{student}__{ex}.nbgrader.json", json.dumps(config))
     return job, pristine
 
 
@@ -125,8 +129,9 @@ def _sandbox_one(ctx: _Context, student: str, student_dir: Path, ex: str) -> Exe
     except ValueError as err:
         return _whole(ctx, ex, student, "unreadable", f"{sub.name}: {err}")
     display, student = student, _safe_id(student)  # nbgrader and the paths get a safe id; the CSVs the folder name
-    job, pristine = _make_job(ctx, student, ex, sub, nb)
-    env = dict(ctx.env, TINYTF_RECORD_DIR=str(job / "records"), IPYTHONDIR=str(job / ".ipython"))
+    lang = edition_of(nb) if edition_of(nb) in ctx.courses else "en"  # graded against its own edition's source
+    job, pristine = _make_job(ctx, student, ex, sub, nb, lang)
+    env = dict(ctx.env, TINYTF_RECORD_DIR=str(job / "records"), IPYTHONDIR=str(job / ".ipython"), TINYTF_LANG=lang)
     cmd = [sys.executable, str(_AUTOGRADE_JOB), str(job.parent / f"{student}__{ex}.nbgrader.json"), ex, student,
            str(job / "autograde.json")]
     run = run_limited(cmd, ctx.limits, cwd=job, env=env, log=job / "autograde.log")
@@ -134,7 +139,8 @@ def _sandbox_one(ctx: _Context, student: str, student_dir: Path, ex: str) -> Exe
                                                    "seconds": run.seconds, "limit": ctx.limits.timeout}))
     if run.timed_out:
         (job / "autograde.json").unlink(missing_ok=True)  # whatever it wrote is not trusted
-    return {"job": str(job), "exercise": ex, "student": student, "display": display, "name": name, "submission": str(pristine)}
+    return {"job": str(job), "exercise": ex, "student": student, "display": display, "name": name, "submission": str(pristine),
+            "edition": lang, "course": str(ctx.courses[lang])}
 
 
 def _finish_all(ctx: _Context, items: list[dict], jobs: int) -> None:
@@ -144,7 +150,7 @@ def _finish_all(ctx: _Context, items: list[dict], jobs: int) -> None:
     def run(k: int, chunk: list[dict]) -> None:
         spec = ctx.work / f"finish-{k}.json"
         spec.write_text(json.dumps(chunk), encoding="utf-8")
-        cmd = [sys.executable, "-I", "-m", "tinytf.course.finish", "--spec", str(spec), "--course", str(ctx.course)]
+        cmd = [sys.executable, "-I", "-m", "tinytf.course.finish", "--spec", str(spec), "--course", str(ctx.courses["en"])]
         for f in ctx.judge_files:
             cmd += ["--judge-file", f]
         clean_env = {k: v for k, v in ctx.env.items() if k != "TINYTF_RECORD_DIR"}
@@ -163,10 +169,12 @@ def _collect(ctx: _Context, item: dict) -> ExerciseResult:
     path = Path(item["job"]) / "result.json"
     payload = load_json(path) if path.exists() else {"error": "the judging process did not finish"}
     if "error" in payload:
-        return _whole(ctx, ex, student, "error", "grader error while judging: " + payload["error"])
-    cells = [CellResult(**dict(c, student=student)) for c in payload["cells"]]
-    res = aggregate(student, ex, cells, payload["note"])
-    res.feedback = payload["feedback"]
+        res = _whole(ctx, ex, student, "error", "grader error while judging: " + payload["error"])
+    else:
+        cells = [CellResult(**dict(c, student=student)) for c in payload["cells"]]
+        res = aggregate(student, ex, cells, payload["note"])
+        res.feedback = payload["feedback"]
+    res.edition = item.get("edition", "en")
     return res
 
 
@@ -181,17 +189,29 @@ def _base_env() -> dict[str, str]:
     return env
 
 
-def _setup(sols: dict[str, Path], work: Path, released: str | Path | None) -> tuple[Path, dict[str, str], dict, dict]:
-    """The run's course root (built once: generate_assignment of every exercise), with the graded cells."""
-    course, names = build_course_root(sols, work / "course")  # a fresh gradebook db every run
+def _course_root(sols: dict[str, Path], root: Path, released: Path | None) -> dict[str, str]:
+    """One edition's course root (generate_assignment of every exercise) with the released copies."""
+    _, names = build_course_root(sols, root)  # a fresh gradebook db every run
     for name in names.values():
-        if released and (Path(released) / name).is_file():
-            (course / "released-earlier").mkdir(exist_ok=True)
-            shutil.copyfile(Path(released) / name, course / "released-earlier" / name)
-    notebooks = {ex: load_json(p) for ex, p in sols.items()}
+        if released and (released / name).is_file():
+            (root / "released-earlier").mkdir(exist_ok=True)
+            shutil.copyfile(released / name, root / "released-earlier" / name)
+    return names
+
+
+def _setup(sols: dict[str, dict[str, Path]], work: Path, released: str | Path | None) -> tuple[dict[str, Path], dict[str, str], dict, dict]:
+    """The run's course roots, one per edition (``sols``: edition -> {exercise: solution}), built once,
+    and the graded cells (the same in both editions: the twin tests keep them so)."""
+    courses: dict[str, Path] = {}
+    names: dict[str, str] = {}
+    for lang, found in sols.items():
+        rel = (Path(released) / "zh" if lang == "zh" else Path(released)) if released else None
+        courses[lang] = work / ("course" if lang == "en" else f"course-{lang}")
+        names = _course_root(found, courses[lang], rel) or names  # the same file names in every edition
+    notebooks = {ex: load_json(p) for ex, p in sols["en"].items()}
     specs = {ex: grade_specs(nb) for ex, nb in notebooks.items()}
     known = {ex: set(cells_by_id(nb)) for ex, nb in notebooks.items()}
-    return course, names, specs, known
+    return courses, names, specs, known
 
 
 def _run_all(ctx: _Context, students: list[Path], exercises: list[str], jobs: int, progress: bool) -> list[ExerciseResult]:
@@ -241,6 +261,9 @@ def grade(
     ``released``: the folder of student versions handed out (``exercises/``); a test cell identical to
     the one released there is not "edited" even if the instructor changed the test since.
     ``shard``: ``(K, N)`` grades only shard K of N of the students (``out`` also gets ``shard.json``).
+    A class may mix editions: a submission whose ``metadata.tinytf.edition`` is ``"zh"`` is graded
+    against ``solutions/zh/`` (the same hidden tests and points; its locked cells compared with the
+    Chinese release in ``released/zh/``) and gets its feedback page in Chinese.
     """
     submissions, out = Path(submissions), Path(out)
     if not submissions.is_dir():
@@ -248,14 +271,20 @@ def grade(
     sols = find_notebooks(solutions, exercises)
     if not sols:
         raise FileNotFoundError(f"no exNN_*.ipynb in {solutions}")
+    editions = {"en": sols}
+    if (Path(solutions) / "zh").is_dir():  # the Chinese twins: a Chinese submission is graded against them
+        try:
+            editions["zh"] = find_notebooks(Path(solutions) / "zh", sorted(sols))
+        except FileNotFoundError as err:
+            print(f"tinytf grade: Chinese submissions are graded as English ones: {err}", file=sys.stderr)
     students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
     if shard is not None:
         students = [p for p in students if in_shard(p.name, *shard)]
     work = Path(tempfile.mkdtemp(prefix="tinytf-grade-"))
     try:
-        course, names, specs, known = _setup(sols, work, released)
+        courses, names, specs, known = _setup(editions, work, released)
         limit = float(notebook_timeout) if notebook_timeout else max(120.0, 4.0 * timeout)
-        ctx = _Context(course, work, names, specs, int(timeout), Limits(limit, memory_mb), _base_env(),
+        ctx = _Context(courses, work, names, specs, int(timeout), Limits(limit, memory_mb), _base_env(),
                        [str(Path(f).resolve()) for f in judge_files], known)
         results = _run_all(ctx, students, sorted(sols), max(1, int(jobs)), progress)
         write_gradebook(results, out)

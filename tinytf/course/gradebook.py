@@ -24,7 +24,8 @@ __all__ = ["STATUSES", "CellResult", "ExerciseResult", "aggregate", "whole", "pl
 STATUSES = ("ok", "failed", "error", "timeout", "missing-cell", "tampered", "unreadable", "missing-submission", "needs-manual-grade")
 # The exercise's status is the most serious status among its cells, in this order.
 _SEVERITY = ("unreadable", "missing-submission", "tampered", "missing-cell", "timeout", "error", "failed", "needs-manual-grade", "ok")
-_EXERCISE_COLUMNS = ["student", "exercise", "score", "max_score", "status", "message"]
+# edition: the submission's language (metadata.tinytf.edition: en / zh; empty when there was no notebook)
+_EXERCISE_COLUMNS = ["student", "exercise", "edition", "score", "max_score", "status", "message"]
 _CELL_COLUMNS = ["student", "exercise", "cell", "points", "max_points", "status", "message"]
 
 
@@ -53,6 +54,7 @@ class ExerciseResult:
     message: str
     cells: list[CellResult] = field(default_factory=list)
     feedback: str | None = None  # path of a feedback HTML page to copy into the gradebook
+    edition: str = ""  # "en" / "zh": the submission's edition; "" when no notebook could be read
 
 
 def whole(ex: str, student: str, cells: list[tuple[str, float]], status: str, message: str) -> ExerciseResult:
@@ -70,17 +72,22 @@ def aggregate(student: str, ex: str, cells: list[CellResult], note: str) -> Exer
     return ExerciseResult(student, ex, sum(c.points for c in cells), sum(c.max_points for c in cells), status, msg, cells)
 
 
-def plain_html(ex: str, student: str, cells: list[CellResult], note: str) -> str:
-    """A feedback page with the status table only (when nbgrader's page cannot be made)."""
+def plain_html(ex: str, student: str, cells: list[CellResult], note: str, lang: str = "en") -> str:
+    """A feedback page with the status table only (when nbgrader's page cannot be made), in ``lang``."""
+    from .messages import status_name, translate
+
     rows = "".join(
-        f"<tr><td>{html.escape(c.cell)}</td><td>{c.points:g} / {c.max_points:g}</td><td>{html.escape(c.status)}</td>"
-        f"<td>{html.escape(c.message)}</td></tr>"
+        f"<tr><td>{html.escape(c.cell)}</td><td>{c.points:g} / {c.max_points:g}</td><td>{html.escape(status_name(c.status, lang))}</td>"
+        f"<td>{html.escape(translate(c.message, lang))}</td></tr>"
         for c in cells
     )
+    heads = ("测试单元", "得分", "状态", "说明") if lang == "zh" else ("test cell", "points", "status", "details")
+    head_row = "".join(f"<th>{h}</th>" for h in heads)
     return (
-        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(ex)} — {html.escape(student)}</title></head><body>"
-        f"<h1>{html.escape(ex)} — {html.escape(student)}</h1><p>{html.escape(note)}</p>"
-        f"<table border='1'><tr><th>test cell</th><th>points</th><th>status</th><th>details</th></tr>{rows}</table></body></html>\n"
+        f"<!DOCTYPE html>\n<html lang='{'zh-CN' if lang == 'zh' else 'en'}'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(ex)} — {html.escape(student)}</title></head><body>"
+        f"<h1>{html.escape(ex)} — {html.escape(student)}</h1><p>{html.escape(translate(note, lang))}</p>"
+        f"<table border='1'><tr>{head_row}</tr>{rows}</table></body></html>\n"
     )
 
 
@@ -112,7 +119,8 @@ def summary_text(results: list[ExerciseResult]) -> str:
 def write_gradebook(results: list[ExerciseResult], out: Path) -> None:
     """grades.csv, grades_per_cell.csv, feedback/<student>/<exercise>.html and summary.txt, atomically."""
     results = sorted(results, key=lambda r: (r.student, r.exercise))
-    rows = [_EXERCISE_COLUMNS] + [[r.student, r.exercise, _fmt(r.score), _fmt(r.max_score), r.status, r.message] for r in results]
+    rows = [_EXERCISE_COLUMNS]
+    rows += [[r.student, r.exercise, r.edition, _fmt(r.score), _fmt(r.max_score), r.status, r.message] for r in results]
     cells = [_CELL_COLUMNS]
     cells += [[c.student, c.exercise, c.cell, _fmt(c.points), _fmt(c.max_points), c.status, c.message] for r in results for c in r.cells]
     write_atomic(out / "grades.csv", _csv(rows))
@@ -123,7 +131,7 @@ def write_gradebook(results: list[ExerciseResult], out: Path) -> None:
             if Path(r.feedback).resolve() != dest.resolve():
                 write_atomic(dest, Path(r.feedback).read_bytes())
         else:
-            write_atomic(dest, plain_html(r.exercise, r.student, r.cells, r.message))
+            write_atomic(dest, plain_html(r.exercise, r.student, r.cells, r.message, r.edition or "en"))
     write_atomic(out / "summary.txt", summary_text(results))
 
 
@@ -150,5 +158,5 @@ def read_gradebook(out: Path) -> list[ExerciseResult]:
         key = (row["student"], row["exercise"])
         page = out / "feedback" / key[0] / f"{key[1]}.html"
         results.append(ExerciseResult(*key, float(row["score"]), float(row["max_score"]), row["status"], row["message"],
-                                      cells.get(key, []), str(page) if page.is_file() else None))
+                                      cells.get(key, []), str(page) if page.is_file() else None, row["edition"]))
     return results

@@ -203,17 +203,19 @@ def _defines(source: str) -> list[str]:
     return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
 
 
-def describe_cell(cells: list[dict], index: int) -> str:
+def describe_cell(cells: list[dict], index: int, lang: str = "en") -> str:
     """How a student finds ``cells[index]`` in JupyterLab: what it defines, or the heading above it,
-    and its position — ``cell 7 (defines scores_by_hand)`` or ``cell 9 (under "Task 1b — scaling")``."""
+    and its position — ``cell 7 (defines scores_by_hand)`` or ``cell 9 (under "Task 1b — scaling")``
+    (``lang="zh"``: ``第 7 个单元（定义 scores_by_hand）``)."""
     cell = cells[index]
+    zh = lang == "zh"
+    where = f"第 {index + 1} 个单元" if zh else f"cell {index + 1}"
     names = _defines(cell_source(cell)) if cell.get("cell_type") == "code" else []
     if names:
-        return f"cell {index + 1} (defines {', '.join(names)})"
+        return f"{where}（定义 {', '.join(names)}）" if zh else f"{where} (defines {', '.join(names)})"
     for prev in reversed(cells[:index]):
         if prev.get("cell_type") == "markdown":
             heading = next((ln.lstrip("#").strip() for ln in cell_source(prev).splitlines() if ln.startswith("#")), None)
             if heading:
-                return f'cell {index + 1} (under "{first_line(heading, 60)}")'
-    return f"cell {index + 1}"
-
+                return f"{where}（“{first_line(heading, 60)}”之下）" if zh else f'{where} (under "{first_line(heading, 60)}")'
+    return where

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tinytf.language import edition_of, notebook_language
+
+from .messages import say
 from .nbgrader_root import REPO, exercise_id
 from .notebook import cell_source, describe_cell, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook
 
@@ -52,6 +55,8 @@ class Report:
     findings: list[dict[str, Any]] = field(default_factory=list)
     diagnosis_error: str = ""
     fatal: str = ""  # the notebook could not be read or run at all
+    problems: dict[str, str] = field(default_factory=dict)  # grade_id -> "deleted" / "edited"
+    lang: str = "en"  # the notebook's edition (metadata.tinytf.edition): the report speaks it
 
     @property
     def ok(self) -> bool:
@@ -75,8 +80,7 @@ def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict
     rel_cells = released["cells"]
     tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in rel_cells if is_test_cell(c)]
     if rel_cells and not any(nbgrader_meta(c) for c in nb["cells"]):
-        report.structure.append("the notebook has no nbgrader cell metadata (an editor stripped it?): the grader cannot find "
-                                "any test cell; start again from the released exercise and copy your answers over")
+        report.structure.append(say("stripped", report.lang))
     by_id = {nbgrader_meta(c).get("grade_id"): c for c in nb["cells"] if nbgrader_meta(c).get("grade_id")}
     for i, rel in enumerate(rel_cells):
         gid = nbgrader_meta(rel).get("grade_id")
@@ -85,8 +89,8 @@ def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict
         mine = by_id.get(gid)
         if mine is None:
             if is_test_cell(rel):
-                report.structure.append(f"test cell {gid} was deleted or renamed: it is worth 0 when graded; "
-                                        "copy it back from the released exercise")
+                report.structure.append(say("deleted", report.lang, gid=gid))
+                report.problems[gid] = "deleted"
             # put the released cell back after its predecessor so the run matches grading
             before = [nbgrader_meta(c).get("grade_id") for c in rel_cells[:i]]
             prev = next((g for g in reversed(before) if g in by_id), None)
@@ -97,8 +101,8 @@ def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict
             by_id[gid] = restored
         elif cell_source(mine).strip() != cell_source(rel).strip():
             if is_test_cell(rel):
-                report.structure.append(f"test cell {gid} was edited: edited test cells earn 0 when graded; "
-                                        "the released version was run here instead")
+                report.structure.append(say("edited", report.lang, gid=gid))
+                report.problems[gid] = "edited"
             mine["source"] = cell_source(rel)
     return nb, tests
 
@@ -162,9 +166,39 @@ def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float
     return nbformat.from_dict(node), diag, fatal
 
 
+def _released_dir(lang: str, released_dir: str | os.PathLike | None) -> Path:
+    """Where the released version of a notebook of edition ``lang`` is: ``exercises/`` or ``exercises/zh/``."""
+    if released_dir:
+        return Path(released_dir)
+    from .release import EDITION_FOLDERS
+
+    return REPO / EDITION_FOLDERS.get(lang, EDITION_FOLDERS["en"])[1]
+
+
+def _test_check(gid: str, pts: float, cell: dict | None, where: str, problem: str, lang: str) -> CellCheck:
+    """A test cell's outcome from its executed outputs."""
+    check = CellCheck(gid, pts, "not-run", problem=problem, where=where)
+    if cell is not None and (cell.get("execution_count") is not None or cell.get("outputs")):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if not errors:
+            check.status = "pass"
+        else:
+            e = errors[-1]
+            check.status = {"AssertionError": "fail", "CellTimeoutError": "timeout"}.get(e.get("ename"), "error")
+            if e.get("ename") == "NotImplementedError":
+                check.message = say("not_implemented", lang)
+            else:
+                check.message = f"{e.get('ename')}: {first_line(str(e.get('evalue', '')))}".rstrip(": ")
+    return check
+
+
 def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None = None, timeout: int = 60,
              notebook_timeout: float = 600) -> Report:
-    """Check one exercise notebook; see the module docstring. Never raises for a bad notebook."""
+    """Check one exercise notebook; see the module docstring. Never raises for a bad notebook.
+
+    The report speaks the notebook's edition (``metadata.tinytf.edition``) and compares it with the
+    released exercise of that edition (``exercises/`` or ``exercises/zh/``, unless ``released_dir``).
+    """
     path = Path(path)
     try:
         ex = exercise_id(path)
@@ -174,114 +208,126 @@ def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None 
     try:
         student = read_notebook(path)
     except ValueError as err:
-        report.fatal = f"cannot read {path.name}: {err}"
+        report.fatal = say("cannot_read", "en", name=path.name, error=err)
         return report
+    report.lang = edition_of(student)
     if ex == "?":
         ids = [nbgrader_meta(c).get("grade_id", "") for c in student["cells"]]
         ex = next((i[:4] for i in ids if i and i[:2] == "ex" and i[2:4].isdigit()), "?")
         report.exercise = ex
-    rel_path = _released_path(ex, Path(released_dir) if released_dir else REPO / "exercises") if ex != "?" else None
+    rel_path = _released_path(ex, _released_dir(report.lang, released_dir)) if ex != "?" else None
     released = json.loads(rel_path.read_text(encoding="utf-8")) if rel_path else None
     if released is None:
-        report.structure.append("no released version of this exercise was found to compare with; test cells were not checked")
+        report.structure.append(say("no_release", report.lang))
     nb, tests = _prepare(student, released, report)
-    executed, diag, report.fatal = _execute(nb, ex, path.resolve().parent, timeout, notebook_timeout)
+    previous = os.environ.get("TINYTF_LANG")
+    os.environ["TINYTF_LANG"] = report.lang  # the kernel (started below) speaks the notebook's language
+    try:
+        executed, diag, report.fatal = _execute(nb, ex, path.resolve().parent, timeout, notebook_timeout)
+    finally:
+        if previous is None:
+            os.environ.pop("TINYTF_LANG", None)
+        else:
+            os.environ["TINYTF_LANG"] = previous
     cells = {nbgrader_meta(c).get("grade_id"): c for c in executed.cells if nbgrader_meta(c).get("grade_id")}
-    problems = {s.split()[2]: ("deleted" if "deleted" in s else "edited") for s in report.structure if s.startswith("test cell ")}
     for gid, pts in tests:
         cell = cells.get(gid)
-        where = next((describe_cell(executed.cells, i) for i, c in enumerate(executed.cells) if c is cell), "")
-        check = CellCheck(gid, pts, "not-run", problem=problems.get(gid, ""), where=where)
-        if cell is not None and (cell.get("execution_count") is not None or cell.get("outputs")):
-            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-            if not errors:
-                check.status = "pass"
-            else:
-                e = errors[-1]
-                check.status = {"AssertionError": "fail", "CellTimeoutError": "timeout"}.get(e.get("ename"), "error")
-                if e.get("ename") == "NotImplementedError":
-                    check.message = "not implemented yet (a function it calls still raises NotImplementedError)"
-                else:
-                    check.message = f"{e.get('ename')}: {first_line(str(e.get('evalue', '')))}".rstrip(": ")
-        report.cells.append(check)
+        where = next((describe_cell(executed.cells, i, report.lang) for i, c in enumerate(executed.cells) if c is cell), "")
+        report.cells.append(_test_check(gid, pts, cell, where, report.problems.get(gid, ""), report.lang))
     for i, cell in enumerate(executed.cells[:-1]):
         if is_test_cell(cell) or cell.get("cell_type") != "code":
             continue
         for o in cell.get("outputs", []):
             if o.get("output_type") == "error" and o.get("ename") != "NotImplementedError":
-                report.cell_errors.append(f"{describe_cell(executed.cells, i)}: {o.get('ename')}: {first_line(str(o.get('evalue', '')))}")
+                what = f"{describe_cell(executed.cells, i, report.lang)}: {o.get('ename')}: {first_line(str(o.get('evalue', '')))}"
+                report.cell_errors.append(what)
     if diag is None:
-        report.diagnosis_error = "the diagnosis did not run (the kernel stopped before it)"
+        report.diagnosis_error = say("no_diagnosis", report.lang)
     elif "error" in diag:
-        report.diagnosis_error = f"the diagnosis failed: {diag['error']}"
+        report.diagnosis_error = say("diagnosis_failed", report.lang, error=diag["error"])
     else:
         report.findings = list(diag.get("findings", []))
     return report
 
 
-def _label(number: int) -> str:
-    """``"pitfall 1 (missing or wrong 1/sqrt(d_head) scaling)"`` from the catalog; ``"problem"`` for 0."""
+def _finding_lines(f: dict[str, Any], lang: str) -> list[str]:
+    """One diagnosed finding as two or three lines: the pitfall's name, the evidence, the fix.
+
+    In Chinese the name and the fix are the catalog's Chinese ones; the evidence (shapes, numbers,
+    the inputs that show it) is kept as the diagnosis wrote it.
+    """
     from tinytf.checks.catalog import Pitfall
 
     try:
-        return Pitfall(int(number)).label()
+        pitfall = Pitfall(int(f["pitfall"]))
     except ValueError:  # a number the catalog does not know (a newer diagnosis)
-        return f"pitfall {number}"
+        return [f"  x [pitfall {f['pitfall']}] {f['title']}", f"      {f['message']}"]
+    if lang != "zh":
+        return [f"  x [{pitfall.label()}] {f['title']}", f"      {f['message']}"]
+    lines = [f"  x [{pitfall.label('zh')}] {f['title']}"]
+    if pitfall is Pitfall.GENERAL:
+        return [*lines, "      " + say("evidence", "zh", message=f["message"])]
+    evidence = str(f["message"]).split(" Fix: ", 1)[0]  # the English fix is replaced by the catalog's Chinese one
+    return [*lines, "      " + say("evidence", "zh", message=evidence), "      " + say("fix", "zh", fix=pitfall.entry.fix_zh)]
 
 
 def format_report(r: Report) -> str:
-    """The plain-language text ``tinytf validate`` prints."""
-    lines = [f"tinytf validate {r.path}  (exercise {r.exercise})"]
+    """The plain-language text ``tinytf validate`` prints, in the notebook's language."""
+    lang = r.lang
+    lines = [say("header", lang, path=r.path, ex=r.exercise)]
     if r.fatal and not r.cells:
-        return "\n".join([*lines, f"  x {r.fatal}", "Result: FAILED"])
+        return "\n".join([*lines, f"  x {r.fatal}", say("result_failed", lang)])
     for s in r.structure:
         lines.append(f"  ! {s}")
-    lines.append("Test cells (visible tests; the grader also runs hidden tests on fresh inputs):")
-    label = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "timeout": "TIMEOUT", "not-run": "NOT RUN"}
+    lines.append(say("tests", lang))
+    en_labels = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "timeout": "TIMEOUT", "not-run": "NOT RUN"}
+    zh_labels = {"pass": "通过", "fail": "未通过", "error": "出错", "timeout": "超时", "not-run": "未运行"}
+    labels = zh_labels if lang == "zh" else en_labels
     for c in r.cells:
-        extra = f" [{c.problem}]" if c.problem else ""
+        problem = {"deleted": "已删除", "edited": "已修改"}.get(c.problem, c.problem) if lang == "zh" else c.problem
+        extra = f" [{problem}]" if problem else ""
         msg = f"  {c.message}" if c.message else ""
-        where = f", {c.where}" if c.where else ""
-        lines.append(f"  {label[c.status]:<7} {c.grade_id} ({c.points:g} pt{where}){extra}{msg}")
+        pts = say("points", lang, pts=c.points)
+        if lang == "zh":
+            lines.append(f"  {labels[c.status]:<4} {c.grade_id}（{pts}{'，' + c.where if c.where else ''}）{extra}{msg}")
+        else:
+            lines.append(f"  {labels[c.status]:<7} {c.grade_id} ({pts}{', ' + c.where if c.where else ''}){extra}{msg}")
     for e in r.cell_errors:
-        lines.append(f"  ! error in your cell {e}")
+        lines.append("  ! " + say("cell_error", lang, what=e))
     if r.fatal:
         lines.append(f"  x {r.fatal}")
-    lines.append("Diagnosis (tinytf.checks):")
+    lines.append(say("diagnosis", lang))
     if r.diagnosis_error:
         lines.append(f"  {r.diagnosis_error}")
     elif not r.findings:
-        lines.append("  no known pitfall detected in your functions")
+        lines.append("  " + say("no_pitfall", lang))
     else:
         for f in r.findings:
-            tag = _label(f["pitfall"])
-            lines.append(f"  x [{tag}] {f['title']}")
-            lines.append(f"      {f['message']}")
-    passed = sum(c.status == "pass" for c in r.cells)
-    pts = sum(c.points for c in r.cells if c.status == "pass")
-    total = sum(c.points for c in r.cells)
-    verdict = "OK" if r.ok else "FAILED"
-    lines.append(f"Result: {verdict} — {passed} of {len(r.cells)} test cells pass "
-                 f"({pts:g} of {total:g} autograded points on the visible tests)")
+            lines += _finding_lines(f, lang)
+    verdict = say("verdict_ok" if r.ok else "verdict_failed", lang)
+    lines.append(say("result", lang, verdict=verdict, passed=sum(c.status == "pass" for c in r.cells), total=len(r.cells),
+                     pts=sum(c.points for c in r.cells if c.status == "pass"), max=sum(c.points for c in r.cells)))
     return "\n".join(lines)
 
 
 def self_check(exercise: str) -> None:
-    """Print the pitfall diagnosis of the student's functions in this kernel; never raises."""
+    """Print the pitfall diagnosis of the student's functions in this kernel, in the notebook's
+    language (:func:`tinytf.language.notebook_language`); never raises."""
     try:
+        lang = notebook_language()
         data = json.loads(diagnose_json(exercise))
         findings = data.get("findings", [])
-        rel = _released_path(exercise, REPO / "exercises")
-        where = f"exercises/{rel.name}" if rel else f"exercises/{exercise}_….ipynb"
+        folder = _released_dir(lang, None)
+        rel = _released_path(exercise, folder)
+        where = (folder / (rel.name if rel else f"{exercise}_….ipynb")).relative_to(REPO).as_posix()
         if "error" in data:
-            print(f"{exercise} self-check could not run ({data['error']}).")
+            print(say("sc_error", lang, ex=exercise, error=data["error"]))
         elif not findings:
-            print(f"{exercise} self-check: no known pitfall detected in your functions.")
+            print(say("sc_clean", lang, ex=exercise))
         else:
-            print(f"{exercise} self-check: {len(findings)} problem{'s' if len(findings) != 1 else ''} found:")
+            print(say("sc_found", lang, ex=exercise, n=len(findings), s="s" if len(findings) != 1 else ""))
             for f in findings:
-                tag = _label(f["pitfall"])
-                print(f"  x [{tag}] {f['title']}\n      {f['message']}")
-        print(f"For the full check (runs the notebook and every visible test): tinytf validate {where}")
+                print("\n".join(_finding_lines(f, lang)))
+        print(say("sc_full", lang, where=where))
     except BaseException as err:  # noqa: BLE001 - the last cell of an exercise must never fail
         print(f"{exercise} self-check could not run ({type(err).__name__}).")
