@@ -31,7 +31,7 @@ NBVAL      = -p no:cacheprovider --nbval-lax --nbval-current-env $(XDIST)
 # oversubscribe the CPU and slow tiny-tensor notebooks many times over.
 THREADS_ENV = $(if $(filter-out 1,$(JOBS)),OMP_NUM_THREADS=1)
 
-.PHONY: help setup lab test lint unit notebooks clean run test-cuda test-ui bench release grade
+.PHONY: help setup lab lab-instructor test lint unit notebooks clean run test-cuda test-ui bench release grade
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -48,8 +48,14 @@ setup: $(SETUP) ## create .venv: torch first, then tinytf[dev], and a Jupyter ke
 
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-lab: $(SETUP) ## open JupyterLab on notebooks/ (exercises/ and solutions/ are one folder up)
-	$(PYTHON) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
+# the student's Lab has no nbgrader instructor tools (lab/README.md); lab-instructor has them all
+LAB = $(PYTHON) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
+
+lab: $(SETUP) ## open the student's JupyterLab on notebooks/ (exercises/ one folder up; no nbgrader instructor tools)
+	JUPYTER_CONFIG_PATH=$(CURDIR)/lab/student $(LAB)
+
+lab-instructor: $(SETUP) ## the same JupyterLab with nbgrader's instructor tools (create assignment, formgrader)
+	JUPYTER_CONFIG_PATH=$(CURDIR)/lab/instructor $(LAB)
 
 lint: $(SETUP) ## ruff on the package, tests and notebooks
 	$(PYTHON) -m ruff check .
@@ -69,7 +75,7 @@ run: $(SETUP) ## papermill every notebook into build/executed/ (DEVICE=cpu|cuda)
 	@set -e; for nb in $(NOTEBOOKS) $(SOLUTIONS); do \
 	  out=build/executed/$${nb#notebooks/}; \
 	  mkdir -p $$(dirname $$out); start=$$(date +%s); \
-	  TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) $(PYTHON) -m papermill --no-progress-bar --log-level WARNING \
+	  TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) $(PYTHON) -m papermill --no-progress-bar --log-level WARNING -k python3 \
 	    --cwd $$(dirname $$nb) -p device $(DEVICE) $$nb $$out; \
 	  echo "ran $$nb on $(DEVICE) in $$(( $$(date +%s) - start )) s -> $$out"; \
 	done

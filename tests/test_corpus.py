@@ -105,6 +105,9 @@ def test_validate_gives_the_expected_verdict(path, submissions):
     for words in want["says"]:
         assert words in text, f"{_case_id(path)}: validate must say {words!r}; it said\n{text}"
     assert "without encryption" not in text
+    assert report.self_check_ok == report.ok, (
+        f"{_case_id(path)}: the notebook's self-check says {'OK' if report.self_check_ok else 'FAILED'} but validate "
+        f"says {'OK' if report.ok else 'FAILED'} — a student must never get green from one and red from the other\n{text}")
 
 
 @pytest.mark.parametrize("path", CASES, ids=_case_id)

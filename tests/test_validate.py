@@ -12,7 +12,7 @@ import pytest
 from tinytf.course.cli import main
 from tinytf.course.nbgrader_root import REPO
 from tinytf.course.release import release
-from tinytf.course.validate import diagnose_json, self_check
+from tinytf.course.validate import diagnose_json, self_check, validate
 
 HAVE = (REPO / "solutions" / "ex01_by_hand.ipynb").exists()
 
@@ -83,3 +83,40 @@ def test_cells_are_named_the_way_a_student_sees_them():
     assert describe_cell(cells, 2) == "cell 3 (defines scores_by_hand, Helper)"
     assert describe_cell(cells, 3) == "cell 4 (defines broken)", "a cell with a syntax error is still found by its def"
     assert describe_cell(cells, 0) == "cell 1"
+
+
+def _run_in_kernel(path) -> str:
+    """Run a notebook the way JupyterLab's "Run All" does (kernel in its folder); the last cell's text."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    return "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+
+
+def test_the_self_check_cell_and_validate_agree_on_a_deleted_test_cell(released, tmp_path, monkeypatch):
+    """One way to check work: the two-line self-check runs validate's check in the student's kernel, so
+    a deleted test cell (which nbgrader's own validate misses) is red in both."""
+    monkeypatch.setenv("TINYTF_HEADLESS", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    rel, sol = K.load(REPO / "exercises" / "ex01_by_hand.ipynb"), K.load(REPO / "solutions" / "ex01_by_hand.ipynb")
+    solved = K.solved(rel, sol)
+    assert K.src(solved["cells"][-1]) == 'from tinytf.course import self_check\nself_check("ex01")'
+    good = K.save(solved, tmp_path / "good" / "ex01_by_hand.ipynb")
+    out = _run_in_kernel(good)
+    assert "ex01 self-check" in out and "Result: OK" in out, out
+    bad = K.save(K.without_cell(solved, "ex01_hand_qk"), tmp_path / "bad" / "ex01_by_hand.ipynb")
+    out = _run_in_kernel(bad)
+    assert "test cell ex01_hand_qk was deleted" in out and "Result: FAILED" in out, out
+    report = validate(bad)
+    assert not report.ok and report.self_check_ok is False and any("ex01_hand_qk was deleted" in s for s in report.structure)
+
+
+def test_self_check_speaks_the_notebook_language(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TINYTF_LANG", "zh")
+    self_check("ex01")
+    out = capsys.readouterr().out
+    assert "ex01 自检" in out and "tinytf validate exercises/zh/ex01_by_hand.ipynb" in out and "Result" not in out, out

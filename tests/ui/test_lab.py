@@ -12,6 +12,7 @@ never downloads one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,19 +72,18 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
-@pytest.fixture(params=sorted(CHAPTERS))
-def lab(tmp_path: Path, request):
-    """A JupyterLab server on a copy of chapter 01 (English, then Chinese); yields ``(base URL, edition)``."""
+@contextlib.contextmanager
+def serve_lab(work: Path, tmp_path: Path, config: str = "student") -> Iterator[str]:
+    """JupyterLab on ``work`` in ``make lab``'s configuration (``lab/student``; ``"instructor"``:
+    ``make lab-instructor``'s); yields its base URL and stops it, kernels included."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: install it (Debian: apt-get install chromium) or set CHROMIUM=/path/to/chromium")
-    work = tmp_path / "lab"
-    work.mkdir()
-    shutil.copy(CHAPTERS[request.param], work / CHAPTER.name)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("TINYTF_HEADLESS", "MPLBACKEND")}
-    env |= {"JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+    env = {k: v for k, v in os.environ.items() if k not in ("TINYTF_HEADLESS", "MPLBACKEND", "JUPYTER_CONFIG_PATH", "TINYTF_LANG")}
+    env |= {"JUPYTER_RUNTIME_DIR": str(tmp_path / f"runtime-{config}"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / f"ws-{config}"),
+            "JUPYTER_CONFIG_PATH": str(ROOT / "lab" / config),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
-    log = tmp_path / "lab.log"
+    log = tmp_path / f"lab-{config}.log"
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.token=", "--ServerApp.password=",
            f"--port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={work}",
            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
@@ -91,12 +92,14 @@ def lab(tmp_path: Path, request):
     try:
         base = f"http://127.0.0.1:{port}"
         wait_for_server(f"{base}/api/status", proc, log)
-        yield base, request.param
+        yield base
     finally:
         stop(proc)
 
 
-def test_attention_explorer_reacts_in_a_real_browser(lab: tuple[str, str]):
+@contextlib.contextmanager
+def browser_page(shot_name: str):
+    """A Chromium page; on failure a screenshot of what it showed lands in build/ui/failure-<name>.png."""
     from playwright.sync_api import sync_playwright
 
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -106,18 +109,32 @@ def test_attention_explorer_reacts_in_a_real_browser(lab: tuple[str, str]):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(60_000)
             try:
-                drive(page, *lab)
+                yield page
             except Exception:
-                page.screenshot(path=str(SHOTS / f"failure-{lab[1]}.png"))  # what the browser showed when it failed
+                page.screenshot(path=str(SHOTS / f"failure-{shot_name}.png"))
                 raise
         finally:
             browser.close()
 
 
-def drive(page, lab: str, lang: str = "en") -> None:
-    """Open chapter 01, run all cells, change the explorer's mask, check the heatmap changed; the
-    figure of a Chinese sentence renders (no missing glyph); the Chinese edition shows Chinese prose."""
-    page.goto(f"{lab}/lab/tree/{CHAPTER.name}", wait_until="domcontentloaded")
+@pytest.fixture(params=sorted(CHAPTERS))
+def lab(tmp_path: Path, request):
+    """The student's JupyterLab on a copy of chapter 01 (English, then Chinese); yields ``(base URL, edition)``."""
+    work = tmp_path / "lab"
+    work.mkdir()
+    shutil.copy(CHAPTERS[request.param], work / CHAPTER.name)
+    with serve_lab(work, tmp_path) as base:
+        yield base, request.param
+
+
+def test_attention_explorer_reacts_in_a_real_browser(lab: tuple[str, str]):
+    with browser_page(lab[1]) as page:
+        drive(page, *lab)
+
+
+def open_and_run_all(page, lab: str, name: str) -> None:
+    """Open notebook ``name``, wait for its kernel, and start Run > Run All Cells."""
+    page.goto(f"{lab}/lab/tree/{name}", wait_until="domcontentloaded")
     page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
     # the kernel must be connected before "Run All": the status bar reads "<kernel name> | Idle"
     page.get_by_text(re.compile(r"\|\s*Idle\s*$")).first.wait_for(timeout=120_000)
@@ -136,6 +153,12 @@ def drive(page, lab: str, lang: str = "en") -> None:
     else:
         raise AssertionError("Run > Run All Cells did not start any cell")
 
+
+
+def drive(page, lab: str, lang: str = "en") -> None:
+    """Open chapter 01, run all cells, change the explorer's mask, check the heatmap changed; the
+    figure of a Chinese sentence renders (no missing glyph); the Chinese edition shows Chinese prose."""
+    open_and_run_all(page, lab, CHAPTER.name)
     explorer = page.locator(".widget-vbox", has=page.locator(".widget-output")).first
     heatmap = explorer.locator(".widget-output img").first
     heatmap.wait_for(state="visible", timeout=150_000)
@@ -166,3 +189,44 @@ def drive(page, lab: str, lang: str = "en") -> None:
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t or "Glyph" in t]
     assert not tracebacks, tracebacks[:2]
+
+
+def _student_tools(page) -> dict[str, int]:
+    """How many of nbgrader's instructor tools (and its Validate button) this Lab page shows."""
+    return {
+        "Nbgrader menu": page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Nbgrader$")).count(),
+        "Create Assignment panel": page.get_by_text("Create Assignment", exact=True).count(),
+        "nbgrader Validate button": page.locator(".jp-Toolbar", has=page.get_by_text("Validate", exact=True)).count(),
+    }
+
+
+def test_the_student_lab_has_the_students_tools_only(tmp_path: Path):
+    """``make lab``: no nbgrader instructor tools, the tinytf kernel, and the one way to check work — the
+    self-check cell — reports a deleted test cell; ``make lab-instructor`` still has the tools."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import _coursekit as K
+
+    work = tmp_path / "student"
+    work.mkdir()
+    rel, sol = K.load(ROOT / "exercises" / "ex01_by_hand.ipynb"), K.load(ROOT / "solutions" / "ex01_by_hand.ipynb")
+    nb = K.without_cell(K.solved(rel, sol), "ex01_hand_qk")  # a student deleted a test cell
+    (work / "ex01_by_hand.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+    with serve_lab(work, tmp_path, "student") as base, browser_page("student-lab") as page:
+        open_and_run_all(page, base, "ex01_by_hand.ipynb")
+        assert page.locator(".jp-StatusBar-Widget", has_text="Python (tinytf)").count(), "the exercise runs on the tinytf kernel"
+        shown = {tool: n for tool, n in _student_tools(page).items() if n}
+        assert not shown, f"the student's Lab shows instructor tools: {shown}"
+        verdict = page.locator(".jp-OutputArea-output", has_text="ex01 self-check").last
+        verdict.wait_for(timeout=120_000)
+        text = verdict.inner_text()
+        assert "test cell ex01_hand_qk was deleted" in text and "Result: FAILED" in text, text
+        verdict.scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / "student_lab_self_check.png"))
+    with serve_lab(work, tmp_path, "instructor") as base, browser_page("instructor-lab") as page:
+        page.goto(f"{base}/lab/tree/ex01_by_hand.ipynb", wait_until="domcontentloaded")
+        page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
+        page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Nbgrader$")).first.wait_for(timeout=30_000)
+        tools = _student_tools(page)
+        assert tools["Nbgrader menu"] and tools["Create Assignment panel"], f"make lab-instructor keeps nbgrader's tools: {tools}"

@@ -44,6 +44,11 @@ MESSAGES: dict[str, tuple[str, str]] = {
                "测试单元 {gid} 被修改：被修改的测试单元评分时记 0 分；这里运行的是发布版本"),
     "cannot_read": ("cannot read {name}: {error}", "无法读取 {name}：{error}"),
     # self_check
+    "sc_title": ("{ex} self-check (the same check as tinytf validate, in this kernel):",
+                 "{ex} 自检（与 tinytf validate 相同的检查，在当前内核中运行）："),
+    "no_saved": ("the saved notebook {ex}_….ipynb was not found in this folder: its test cells were not compared with the "
+                 "release (save it, or run tinytf validate on the file)",
+                 "在当前文件夹中没有找到已保存的 {ex}_….ipynb，测试单元未与发布版本比对（请先保存，或对该文件运行 tinytf validate）"),
     "sc_error": ("{ex} self-check could not run ({error}).", "{ex} 自检无法运行（{error}）。"),
     "sc_clean": ("{ex} self-check: no known pitfall detected in your functions.", "{ex} 自检：没有在你的函数中发现已知陷阱。"),
     "sc_found": ("{ex} self-check: {n} problem{s} found:", "{ex} 自检：发现 {n} 个问题："),

@@ -101,6 +101,7 @@ def nbgrader_config(root: str | os.PathLike, *, timeout: int = 60, max_output_li
     c.Execute.timeout = int(timeout)
     c.Execute.execute_retries = 0  # a notebook that kills its kernel is not retried
     c.Execute.interrupt_on_timeout = True
+    c.Execute.kernel_name = "python3"  # this interpreter's own kernel, whatever kernelspec the notebook names
     c.LimitOutput.max_lines = max_output_lines
     c.LimitOutput.max_traceback = 60
     c.Exchange.root = str(root / "exchange")  # never touch /srv/nbgrader

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinytf.language import edition_of, notebook_language
+from tinytf.language import edition_of
 
 from .messages import say
 from .nbgrader_root import REPO, exercise_id
@@ -56,6 +56,7 @@ class Report:
     diagnosis_error: str = ""
     fatal: str = ""  # the notebook could not be read or run at all
     problems: dict[str, str] = field(default_factory=dict)  # grade_id -> "deleted" / "edited"
+    self_check_ok: bool | None = None  # the in-kernel self-check's verdict at the end of validate's run
     lang: str = "en"  # the notebook's edition (metadata.tinytf.edition): the report speaks it
 
     @property
@@ -135,7 +136,8 @@ def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float
     os.environ.setdefault("MPLBACKEND", "Agg")
     node = nbformat.from_dict(nb)
     node.cells = [c for c in node.cells if "self_check(" not in cell_source(c)]  # the diagnosis below replaces it
-    diag_code = f"from tinytf.course.validate import diagnose_json as _tinytf_dj\nprint({_MARK!r} + _tinytf_dj({ex!r}))"
+    # the self-check's verdict in this kernel too: validate and the self-check must agree (tests/test_corpus.py)
+    diag_code = f"from tinytf.course.selfcheck import check_json as _tinytf_cj\nprint({_MARK!r} + _tinytf_cj({ex!r}))"
     node.cells.append(nbformat.v4.new_code_cell(diag_code))
     client = NotebookClient(node, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
                             config=kernel_config(),
@@ -247,6 +249,8 @@ def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None 
         report.diagnosis_error = say("diagnosis_failed", report.lang, error=diag["error"])
     else:
         report.findings = list(diag.get("findings", []))
+    if diag is not None and "ok" in diag:
+        report.self_check_ok = bool(diag["ok"])
     return report
 
 
@@ -271,10 +275,11 @@ def _finding_lines(f: dict[str, Any], lang: str) -> list[str]:
     return [*lines, "      " + say("evidence", "zh", message=evidence), "      " + say("fix", "zh", fix=pitfall.entry.fix_zh)]
 
 
-def format_report(r: Report) -> str:
-    """The plain-language text ``tinytf validate`` prints, in the notebook's language."""
+def format_report(r: Report, title: str | None = None) -> str:
+    """The plain-language text ``tinytf validate`` (and, with its own ``title``, the self-check) prints,
+    in the notebook's language."""
     lang = r.lang
-    lines = [say("header", lang, path=r.path, ex=r.exercise)]
+    lines = [title or say("header", lang, path=r.path, ex=r.exercise)]
     if r.fatal and not r.cells:
         return "\n".join([*lines, f"  x {r.fatal}", say("result_failed", lang)])
     for s in r.structure:
@@ -311,23 +316,8 @@ def format_report(r: Report) -> str:
 
 
 def self_check(exercise: str) -> None:
-    """Print the pitfall diagnosis of the student's functions in this kernel, in the notebook's
-    language (:func:`tinytf.language.notebook_language`); never raises."""
-    try:
-        lang = notebook_language()
-        data = json.loads(diagnose_json(exercise))
-        findings = data.get("findings", [])
-        folder = _released_dir(lang, None)
-        rel = _released_path(exercise, folder)
-        where = (folder / (rel.name if rel else f"{exercise}_….ipynb")).relative_to(REPO).as_posix()
-        if "error" in data:
-            print(say("sc_error", lang, ex=exercise, error=data["error"]))
-        elif not findings:
-            print(say("sc_clean", lang, ex=exercise))
-        else:
-            print(say("sc_found", lang, ex=exercise, n=len(findings), s="s" if len(findings) != 1 else ""))
-            for f in findings:
-                print("\n".join(_finding_lines(f, lang)))
-        print(say("sc_full", lang, where=where))
-    except BaseException as err:  # noqa: BLE001 - the last cell of an exercise must never fail
-        print(f"{exercise} self-check could not run ({type(err).__name__}).")
+    """The last cell of every exercise (kept here for notebooks released before
+    :mod:`tinytf.course.selfcheck`): see :func:`tinytf.course.selfcheck.self_check`."""
+    from .selfcheck import self_check as run
+
+    run(exercise)

@@ -1,0 +1,122 @@
+"""The self-check, the last cell of every exercise: ``tinytf validate``'s check, inside the running kernel.
+
+A student has two ways to check work and they must never disagree, so this is the same check with
+the same words (:func:`tinytf.course.validate.format_report`):
+
+- the saved notebook is compared with the released exercise of its edition: deleted, renamed or
+  edited test cells are reported, and the released version of each test is what runs;
+- every visible test cell runs again here, on the functions as they are now in this kernel;
+- the functions are diagnosed (``tinytf.course.reference.exNN.diagnose``: the pitfall catalog).
+
+``tinytf validate`` runs the notebook in a fresh kernel and asks this module for the same verdict at
+the end (:func:`check_json`); ``tests/test_corpus.py`` checks that both say OK or both say FAILED for
+every case of the student corpus. Nothing here raises into the notebook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tinytf.language import notebook_language
+
+from .messages import say
+from .nbgrader_root import REPO
+from .notebook import cell_source, describe_cell, first_line, nbgrader_meta, read_notebook
+from .validate import Report, _prepare, _released_dir, _released_path, diagnose_json, format_report
+
+__all__ = ["in_kernel_check", "check_json", "self_check"]
+
+
+def _saved_notebook(exercise: str) -> Path | None:
+    """The file of the notebook this kernel runs: JupyterLab's session, else the one ``exercise``
+    notebook in the working folder (where Lab, nbval, papermill and validate start the kernel)."""
+    session = os.environ.get("JPY_SESSION_NAME", "")
+    for cand in (Path(session), Path.cwd() / Path(session).name) if session.endswith(".ipynb") else ():
+        if cand.is_file() and cand.name.startswith(exercise):
+            return cand
+    found = sorted(Path.cwd().glob(f"{exercise}_*.ipynb"))
+    return found[0] if len(found) == 1 else None
+
+
+def _run_test(source: str, namespace: dict[str, Any]) -> tuple[str, str]:
+    """Run one test cell's code in ``namespace`` (its prints hidden): ``(status, message)``."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            exec(compile(source, "<test cell>", "exec"), namespace)  # noqa: S102 - the released test cell
+    except AssertionError as err:
+        return "fail", f"AssertionError: {first_line(str(err))}".rstrip(": ")
+    except NotImplementedError:
+        return "error", "not_implemented"
+    except Exception as err:  # noqa: BLE001 - a failing test is a result, not a crash
+        return "error", f"{type(err).__name__}: {first_line(str(err))}".rstrip(": ")
+    return "pass", ""
+
+
+def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang: str | None = None) -> Report:
+    """The :class:`~tinytf.course.validate.Report` of this kernel: structure, visible tests, diagnosis."""
+    from .validate import CellCheck
+
+    if namespace is None:
+        import __main__
+
+        namespace = vars(__main__)
+    lang = lang or notebook_language()
+    path = _saved_notebook(exercise)
+    report = Report(str(path.relative_to(REPO) if path and path.is_relative_to(REPO) else path or exercise), exercise, lang=lang)
+    rel_path = _released_path(exercise, _released_dir(lang, None))
+    released = json.loads(rel_path.read_text(encoding="utf-8")) if rel_path else None
+    student = read_notebook(path) if path else (released or {"cells": []})
+    if path is None:
+        report.structure.append(say("no_saved", lang, ex=exercise))
+    if released is None:
+        report.structure.append(say("no_release", lang))
+    nb, tests = _prepare(student, released, report)
+    index = {nbgrader_meta(c).get("grade_id"): i for i, c in enumerate(nb["cells"])}
+    for gid, pts in tests:
+        source = cell_source(nb["cells"][index[gid]]) if gid in index else ""
+        status, message = _run_test(source, namespace)
+        message = say("not_implemented", lang) if message == "not_implemented" else message
+        where = describe_cell(nb["cells"], index[gid], lang) if gid in index else ""
+        report.cells.append(CellCheck(gid, pts, status, message, report.problems.get(gid, ""), where))
+    data = json.loads(diagnose_json(exercise, namespace))
+    if "error" in data:
+        report.diagnosis_error = say("diagnosis_failed", lang, error=data["error"])
+    else:
+        report.findings = list(data.get("findings", []))
+    return report
+
+
+def check_json(exercise: str) -> str:
+    """JSON for ``tinytf validate``: the diagnosis and this check's own verdict, ``{"findings", "ok",
+    "tests"}`` (or ``{"error"}``)."""
+    try:
+        r = in_kernel_check(exercise)
+        if r.diagnosis_error:
+            return json.dumps({"error": r.diagnosis_error, "ok": False, "tests": {c.grade_id: c.status for c in r.cells}})
+        return json.dumps({"findings": r.findings, "ok": r.ok, "tests": {c.grade_id: c.status for c in r.cells}})
+    except BaseException as err:  # noqa: BLE001 - never raise into the notebook
+        return json.dumps({"error": f"{type(err).__name__}: {err}"[:500]})
+
+
+def self_check(exercise: str) -> None:
+    """Print this kernel's check of ``exercise`` in the notebook's language; never raises."""
+    try:
+        import importlib.util
+
+        if _released_path(exercise, _released_dir("en", None)) is None and importlib.util.find_spec(
+                f"tinytf.course.reference.{exercise}") is None:
+            print(say("sc_error", notebook_language(), ex=exercise, error=f"there is no exercise {exercise}"))
+            return
+        report = in_kernel_check(exercise)
+        print(format_report(report, title=say("sc_title", report.lang, ex=exercise)))
+        folder = _released_dir(report.lang, None)
+        rel = _released_path(exercise, folder)
+        where = (folder / (rel.name if rel else f"{exercise}_….ipynb")).relative_to(REPO).as_posix()
+        print(say("sc_full", report.lang, where=where))
+    except BaseException as err:  # noqa: BLE001 - the last cell of an exercise must never fail
+        print(f"{exercise} self-check could not run ({type(err).__name__}: {first_line(str(err))}).")
