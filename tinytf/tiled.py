@@ -53,7 +53,7 @@ class TileStats:
 
 
 def online_softmax_update(
-    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, v: torch.Tensor  # noqa: E741 (the paper's l)
+    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold one tile of scores into the running statistics of its query rows.
 
@@ -80,7 +80,7 @@ def online_softmax_update(
 
 
 def online_softmax_finish(
-    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor  # noqa: E741
+    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [..., bq, dv], lse [..., bq])`` from the final running statistics.
 
@@ -136,15 +136,14 @@ def _forward(q, k, v, mask, is_causal: bool, scale: float, stats: TileStats):  #
     for q0 in range(0, t_q, bq):
         q1 = min(q0 + bq, t_q)
         m = q.new_full((*q.shape[:-2], q1 - q0, 1), NEG_INF)  # [..., bq, 1]
-        l = torch.zeros_like(m)  # noqa: E741 (running sum, named l as in the FlashAttention paper)
+        l = torch.zeros_like(m)  # running sum, named l as in the FlashAttention paper
         acc = q.new_zeros(*q.shape[:-2], q1 - q0, v.size(-1))  # [..., bq, dv]
         end = _keys_needed(q1, t_q, t_k, is_causal)  # key blocks from `end` on are wholly in the future
         for k0 in range(0, end, bk):
             k1 = min(k0 + bk, t_k)
             allowed = _tile_mask(mask, is_causal, (q0, q1), (k0, k1), t_k - t_q, q.device)
             s = _scores(q[..., q0:q1, :], k[..., k0:k1, :], scale, allowed)
-            m, l, acc = online_softmax_update(  # noqa: E741
-                m, l, acc, s, v[..., k0:k1, :])
+            m, l, acc = online_softmax_update(m, l, acc, s, v[..., k0:k1, :])
             stats.computed += 1
         stats.skipped += stats.k_blocks - math.ceil(end / bk)
         out[..., q0:q1, :], lse[..., q0:q1] = online_softmax_finish(m, l, acc)
