@@ -29,6 +29,7 @@ from .masks import check_causal_sizes
 __all__ = ["tiled_attention", "online_softmax_update", "online_softmax_finish", "TileStats", "TiledAttention"]
 
 NEG_INF = float("-inf")
+Tensor = torch.Tensor
 
 
 @dataclass
@@ -125,7 +126,9 @@ def _scores(q_i: torch.Tensor, k_j: torch.Tensor, scale: float, allowed: torch.T
     return s if allowed is None else s.masked_fill(~allowed, NEG_INF)  # mask BEFORE the softmax
 
 
-def _forward(q, k, v, mask, is_causal: bool, scale: float, stats: TileStats):  # noqa: ANN001
+def _forward(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float, stats: TileStats
+) -> tuple[Tensor, Tensor]:
     """FlashAttention-2 forward: for each query block, stream the key/value blocks through it.
 
     q ``[..., Tq, d]``, k ``[..., Tk, d]``, v ``[..., Tk, dv]`` -> out ``[..., Tq, dv]``, lse ``[..., Tq]``.
@@ -150,7 +153,10 @@ def _forward(q, k, v, mask, is_causal: bool, scale: float, stats: TileStats):  #
     return out, lse
 
 
-def _backward(q, k, v, out, lse, d_out, d_lse, mask, is_causal: bool, scale: float, bq: int, bk: int):  # noqa: ANN001
+def _backward(
+    q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, d_out: Tensor, d_lse: Tensor | None,
+    mask: Tensor | None, is_causal: bool, scale: float, bq: int, bk: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     """FlashAttention-2 backward: recompute each tile's weights from ``lse``, never store them.
 
     With ``P = exp(S - lse)`` (the forward's weights), ``D = rowsum(dO ∘ O)`` ``[..., Tq]``:
@@ -187,7 +193,9 @@ class TiledAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, is_causal, scale, stats):  # noqa: ANN001, D102
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float,  # noqa: ANN001
+                stats: TileStats) -> tuple[Tensor, Tensor]:
+        """Run the tiled forward; keep q, k, v, out, lse and the mask for backward."""
         out, lse = _forward(q, k, v, mask, is_causal, scale, stats)
         ctx.save_for_backward(q, k, v, out, lse, mask)
         ctx.config = (is_causal, scale, stats.block_q, stats.block_k)
@@ -195,7 +203,8 @@ class TiledAttention(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, d_out, d_lse):  # noqa: ANN001, D102
+    def backward(ctx, d_out: Tensor, d_lse: Tensor | None):  # noqa: ANN001
+        """dq, dk, dv from the saved tensors (None for the non-tensor arguments)."""
         q, k, v, out, lse, mask = ctx.saved_tensors
         d_q, d_k, d_v = _backward(q, k, v, out, lse, d_out, d_lse, mask, *ctx.config)
         return d_q, d_k, d_v, None, None, None, None
