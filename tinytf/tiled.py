@@ -73,7 +73,7 @@ def online_softmax_update(
     # A row that has seen only masked keys still has m = -inf; exp(-inf - -inf) would be NaN, so
     # subtract 0 there instead: its p and its correction factor are then exp(-inf) = 0.
     m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)
-    p = torch.exp(scores - m_safe)  # [..., bq, bk] unnormalised weights of this tile
+    p = (scores - m_safe).exp_()  # [..., bq, bk] unnormalised weights of this tile (exp in place: one tile less)
     alpha = torch.exp(m - m_safe)  # [..., bq, 1] how much the old sums shrink under the new maximum
     l_new = alpha * l + p.sum(dim=-1, keepdim=True)
     acc_new = alpha * acc + p @ v  # rescale the old accumulator, then add this tile's share
@@ -120,10 +120,10 @@ def _tile_mask(
     return allowed
 
 
-def _scores(q_i: torch.Tensor, k_j: torch.Tensor, scale: float, allowed: torch.Tensor | None) -> torch.Tensor:
-    """One tile of scaled scores ``[..., bq, bk]``, ``-inf`` where not allowed."""
-    s = (q_i @ k_j.transpose(-2, -1)) * scale  # [..., bq, d] @ [..., d, bk] -> [..., bq, bk]
-    return s if allowed is None else s.masked_fill(~allowed, NEG_INF)  # mask BEFORE the softmax
+def _scores(q_i: Tensor, k_j: Tensor, allowed: Tensor | None) -> Tensor:
+    """One tile of scores ``[..., bq, bk]`` from an already scaled query block, ``-inf`` where not allowed."""
+    s = q_i @ k_j.transpose(-2, -1)  # [..., bq, d] @ [..., d, bk] -> [..., bq, bk]
+    return s if allowed is None else s.masked_fill_(~allowed, NEG_INF)  # mask BEFORE the softmax (in place: a fresh tile)
 
 
 def _forward(
@@ -138,6 +138,7 @@ def _forward(
     lse = q.new_empty(q.shape[:-1])
     for q0 in range(0, t_q, bq):
         q1 = min(q0 + bq, t_q)
+        q_i = q[..., q0:q1, :] * scale  # scale the [bq, d] query block, not every [bq, bk] tile
         m = q.new_full((*q.shape[:-2], q1 - q0, 1), NEG_INF)  # [..., bq, 1]
         l = torch.zeros_like(m)  # running sum, named l as in the FlashAttention paper
         acc = q.new_zeros(*q.shape[:-2], q1 - q0, v.size(-1))  # [..., bq, dv]
@@ -145,7 +146,7 @@ def _forward(
         for k0 in range(0, end, bk):
             k1 = min(k0 + bk, t_k)
             allowed = _tile_mask(mask, is_causal, (q0, q1), (k0, k1), t_k - t_q, q.device)
-            s = _scores(q[..., q0:q1, :], k[..., k0:k1, :], scale, allowed)
+            s = _scores(q_i, k[..., k0:k1, :], allowed)
             m, l, acc = online_softmax_update(m, l, acc, s, v[..., k0:k1, :])
             stats.computed += 1
         stats.skipped += stats.k_blocks - math.ceil(end / bk)
@@ -160,7 +161,7 @@ def _backward(
     """FlashAttention-2 backward: recompute each tile's weights from ``lse``, never store them.
 
     With ``P = exp(S - lse)`` (the forward's weights), ``D = rowsum(dO ∘ O)`` ``[..., Tq]``:
-    ``dV += Pᵀ dO``, ``dP = dO Vᵀ``, ``dS = P ∘ (dP - D)``, ``dQ += dS K · scale``, ``dK += dSᵀ Q · scale``.
+    ``dV += Pᵀ dO``, ``dP = dO Vᵀ``, ``dS = P ∘ (dP - D)``, ``dQ += dS K · scale``, ``dK += dSᵀ (Q · scale)``.
     A gradient on ``lse`` adds ``P · d_lse`` to ``dS``, i.e. it enters as ``D - d_lse``.
     """
     t_q, t_k = q.size(-2), k.size(-2)
@@ -171,17 +172,18 @@ def _backward(
     lse = lse.masked_fill(lse == NEG_INF, float("inf"))  # rows that saw nothing: P = exp(s - inf) = 0
     for q0 in range(0, t_q, bq):
         q1 = min(q0 + bq, t_q)
-        q_i, do_i = q[..., q0:q1, :], d_out[..., q0:q1, :]
+        q_i, do_i = q[..., q0:q1, :] * scale, d_out[..., q0:q1, :]
         lse_i, delta_i = lse[..., q0:q1, None], delta[..., q0:q1, None]  # [..., bq, 1]
         for k0 in range(0, _keys_needed(q1, t_q, t_k, is_causal), bk):
             k1 = min(k0 + bk, t_k)
             k_j, v_j = k[..., k0:k1, :], v[..., k0:k1, :]
             allowed = _tile_mask(mask, is_causal, (q0, q1), (k0, k1), t_k - t_q, q.device)
-            p = torch.exp(_scores(q_i, k_j, scale, allowed) - lse_i)  # [..., bq, bk] recomputed weights
+            p = (_scores(q_i, k_j, allowed) - lse_i).exp_()  # [..., bq, bk] the forward's weights, recomputed
             d_v[..., k0:k1, :] += p.transpose(-2, -1) @ do_i
-            d_s = p * (do_i @ v_j.transpose(-2, -1) - delta_i)  # dS = P ∘ (dP - D)
-            d_q[..., q0:q1, :] += (d_s @ k_j) * scale
-            d_k[..., k0:k1, :] += (d_s.transpose(-2, -1) @ q_i) * scale
+            d_s = (do_i @ v_j.transpose(-2, -1)).sub_(delta_i).mul_(p)  # dS = P ∘ (dP - D), in place
+            d_q[..., q0:q1, :] += d_s @ k_j
+            d_k[..., k0:k1, :] += d_s.transpose(-2, -1) @ q_i  # q_i is already scaled
+        d_q[..., q0:q1, :] *= scale
     return d_q, d_k, d_v
 
 
