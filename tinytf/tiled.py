@@ -54,8 +54,8 @@ class TileStats:
 
 
 def online_softmax_update(
-    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, v: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """Fold one tile of scores into the running statistics of its query rows.
 
     Args:
@@ -81,8 +81,8 @@ def online_softmax_update(
 
 
 def online_softmax_finish(
-    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    m: Tensor, l: Tensor, acc: Tensor
+) -> tuple[Tensor, Tensor]:
     """``(out [..., bq, dv], lse [..., bq])`` from the final running statistics.
 
     The division by ``l`` happens once, after the last tile. A row that could attend to nothing
@@ -99,9 +99,9 @@ def _keys_needed(q1: int, t_q: int, t_k: int, is_causal: bool) -> int:
 
 
 def _tile_mask(
-    mask: torch.Tensor | None, is_causal: bool, rows: tuple[int, int], cols: tuple[int, int], offset: int,
+    mask: Tensor | None, is_causal: bool, rows: tuple[int, int], cols: tuple[int, int], offset: int,
     device: torch.device,
-) -> torch.Tensor | None:
+) -> Tensor | None:
     """The allowed-positions tile ``[..., bq, bk]`` (True = may attend), or None if all allowed.
 
     ``mask`` is sliced (its size-1 broadcast axes are kept whole); the causal part is built for
@@ -163,6 +163,8 @@ def _backward(
     With ``P = exp(S - lse)`` (the forward's weights), ``D = rowsum(dO ∘ O)`` ``[..., Tq]``:
     ``dV += Pᵀ dO``, ``dP = dO Vᵀ``, ``dS = P ∘ (dP - D)``, ``dQ += dS K · scale``, ``dK += dSᵀ (Q · scale)``.
     A gradient on ``lse`` adds ``P · d_lse`` to ``dS``, i.e. it enters as ``D - d_lse``.
+    The loops run query-outer like the forward; FA-2's GPU kernel runs key-outer so that dK, dV stay
+    on chip — in PyTorch, where every slice lives in the same memory, both orders cost the same.
     """
     t_q, t_k = q.size(-2), k.size(-2)
     d_q, d_k, d_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -195,7 +197,7 @@ class TiledAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float,  # noqa: ANN001
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float,
                 stats: TileStats) -> tuple[Tensor, Tensor]:
         """Run the tiled forward; keep q, k, v, out, lse and the mask for backward."""
         out, lse = _forward(q, k, v, mask, is_causal, scale, stats)
@@ -205,7 +207,7 @@ class TiledAttention(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, d_out: Tensor, d_lse: Tensor | None):  # noqa: ANN001
+    def backward(ctx, d_out: Tensor, d_lse: Tensor | None) -> tuple[Tensor | None, ...]:
         """dq, dk, dv from the saved tensors (None for the non-tensor arguments)."""
         q, k, v, out, lse, mask = ctx.saved_tensors
         d_q, d_k, d_v = _backward(q, k, v, out, lse, d_out, d_lse, mask, *ctx.config)
@@ -222,10 +224,10 @@ def _check_blocks(block_q: int, block_k: int) -> None:
 
 
 def tiled_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
     *,
     is_causal: bool = False,
     scale: float | None = None,
