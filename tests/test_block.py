@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tinytf import TransformerBlock, causal_mask, count_parameters, parameter_breakdown
+from tinytf import TransformerBlock, causal_mask, count_parameters, padding_mask, parameter_breakdown
 
 
 def encoder_layer_from(block: TransformerBlock, norm_first: bool) -> nn.TransformerEncoderLayer:
@@ -25,7 +25,7 @@ def encoder_layer_from(block: TransformerBlock, norm_first: bool) -> nn.Transfor
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "tiled"])
 def test_matches_torch_encoder_layer_with_causal_mask(device, norm, backend):
     block = TransformerBlock(dim=32, heads=4, max_tokens=16, norm=norm, backend=backend).to(device).eval()
     ref = encoder_layer_from(block, norm_first=(norm == "pre")).to(device)
@@ -33,6 +33,24 @@ def test_matches_torch_encoder_layer_with_causal_mask(device, norm, backend):
     blocked = ~causal_mask(10, device=device)  # PyTorch's src_mask: True = blocked
     with torch.no_grad():
         torch.testing.assert_close(block(x), ref(x, src_mask=blocked, is_causal=True), atol=1e-5, rtol=1e-5)
+
+
+def test_three_backends_agree_on_block_outputs_and_gradients(device):
+    torch.manual_seed(2)
+    for norm in ("pre", "post"):
+        blocks = {name: TransformerBlock(32, 4, 100, norm=norm, backend=name).to(device) for name in ("explicit", "sdpa", "tiled")}
+        x = torch.randn(2, 100, 32, device=device)  # 100 tokens: a full and a ragged 64-row tile
+        pad = padding_mask([100, 57], 100, device=device)
+        results = {}
+        for name, block in blocks.items():
+            block.load_state_dict(blocks["explicit"].state_dict())
+            xi = x.clone().requires_grad_(True)
+            out = block(xi, pad)
+            out.pow(2).mean().backward()
+            results[name] = [out.detach(), xi.grad] + [p.grad for p in block.parameters()]
+        for name in ("sdpa", "tiled"):
+            for a, b in zip(results[name], results["explicit"]):
+                torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
 
 
 def test_no_future_leak_and_edge_lengths(device):

@@ -17,7 +17,7 @@ def torch_mha_from(ours: MultiHeadAttention) -> nn.MultiheadAttention:
     return ref.eval()
 
 
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "tiled"])
 def test_matches_nn_multiheadattention_self(device, backend):
     ours = MultiHeadAttention(16, 4, backend=backend).to(device).eval()
     ref = torch_mha_from(ours).to(device)
@@ -53,6 +53,42 @@ def test_backends_agree_with_masks_and_cross(device):
     torch.testing.assert_close(a(x, ctx, pad), b(x, ctx, pad))
     torch.testing.assert_close(a(x, is_causal=True), b(x, is_causal=True))
     torch.testing.assert_close(a(x, ctx, is_causal=True), b(x, ctx, is_causal=True))  # end-aligned for both
+
+
+def test_three_backends_agree_on_outputs_and_gradients(device):
+    """explicit, sdpa and tiled: self-, cross- and causal attention, padding with an empty row."""
+    torch.manual_seed(4)
+    mods = {name: MultiHeadAttention(32, 4, backend=name).to(device) for name in ("explicit", "sdpa", "tiled")}
+    for m in mods.values():
+        m.load_state_dict(mods["explicit"].state_dict())
+    x, ctx = torch.randn(2, 70, 32, device=device), torch.randn(2, 90, 32, device=device)  # T > the 64-row tiles
+    pad = padding_mask([90, 31], 90, device=device)
+    left = padding_mask([70, 40], 70, side="left", device=device)  # with is_causal: empty rows in sequence 1
+    calls = {"self": lambda m: m(x), "cross+pad": lambda m: m(x, ctx, pad), "causal": lambda m: m(x, is_causal=True),
+             "causal cross": lambda m: m(x, ctx, is_causal=True), "left pad+causal": lambda m: m(x, mask=left, is_causal=True)}
+    for what, call in calls.items():
+        results = {}
+        for name, m in mods.items():
+            m.zero_grad()
+            out = call(m)
+            out.pow(2).sum().backward()
+            results[name] = [out.detach()] + [p.grad.clone() for p in m.parameters()]
+        for name in ("sdpa", "tiled"):
+            for a, b in zip(results[name], results["explicit"]):
+                torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=lambda s, w=what, n=name: f"{n}, {w}: {s}")
+
+
+def test_tiled_backend_refuses_dropout_while_training_and_weights():
+    m = MultiHeadAttention(8, 2, dropout=0.1, backend="tiled")
+    x = torch.randn(1, 3, 8)
+    with pytest.raises(ValueError, match=r"backend='tiled' has no dropout.*model.eval\(\)"):
+        m(x)
+    m.eval()
+    ref = MultiHeadAttention(8, 2, dropout=0.1, backend="explicit").eval()
+    ref.load_state_dict(m.state_dict())
+    torch.testing.assert_close(m(x), ref(x))  # in eval mode dropout is off and the tiled backend runs
+    with pytest.raises(ValueError, match="needs backend='explicit'.*'tiled'"):
+        m(x, return_weights=True)
 
 
 def test_heads_split_and_merge_roundtrip():

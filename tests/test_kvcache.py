@@ -12,7 +12,7 @@ def model(device):
     return TinyLanguageModel(vocab=40, dim=32, heads=4, layers=3, max_tokens=32).to(device).eval()
 
 
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "tiled"])
 def test_decode_logits_match_recomputation_every_step(device, backend):
     torch.manual_seed(0)
     model = TinyLanguageModel(vocab=40, dim=32, heads=4, layers=3, max_tokens=32, backend=backend).to(device).eval()
@@ -28,7 +28,7 @@ def test_decode_logits_match_recomputation_every_step(device, backend):
     assert cache.lengths == [20, 20, 20] and cache.seen == 20
 
 
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "tiled"])
 def test_greedy_generation_identical_with_and_without_cache(device, backend):
     torch.manual_seed(1)
     model = TinyLanguageModel(vocab=40, dim=32, heads=4, layers=2, max_tokens=32, backend=backend).to(device)

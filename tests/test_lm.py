@@ -80,6 +80,21 @@ def test_initial_loss_near_log_vocab_and_training_reduces_it():
     assert all(s["grad_norm"] > 0 and s["lr"] == 3e-3 for s in stats)
 
 
+def test_three_backends_agree_on_logits_loss_and_gradients(device):
+    torch.manual_seed(0)
+    ids = torch.randint(0, 60, (2, 80), device=device)  # 80 tokens: two query tiles of the tiled backend
+    results = {}
+    for backend in ("explicit", "sdpa", "tiled"):
+        torch.manual_seed(1)  # the same weights for every backend
+        model = TinyLanguageModel(vocab=60, dim=32, heads=4, layers=2, max_tokens=80, backend=backend).to(device)
+        logits = model(ids)
+        lm_loss(logits, ids).backward()
+        results[backend] = [logits.detach()] + [p.grad for p in model.parameters()]
+    for backend in ("sdpa", "tiled"):
+        for a, b in zip(results[backend], results["explicit"]):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
 # ---- ModelConfig: every architectural choice in one object -------------------------------------
 
 CHOICES = {"norm": "post", "dropout": 0.1, "backend": "sdpa", "bias": False}
@@ -128,7 +143,7 @@ def test_config_dict_round_trip_and_old_dicts_get_the_defaults():
         ({"dim": 30, "heads": 4}, r"dim=30 is not divisible by heads=4.*divisors of 30"),
         ({"heads": 0}, "dim and heads must be positive"),
         ({"norm": "middle"}, r"norm must be 'pre' or 'post', got 'middle'"),
-        ({"backend": "flash"}, r"backend must be one of \('explicit', 'sdpa'\), got 'flash'"),
+        ({"backend": "flash"}, r"backend must be one of \('explicit', 'sdpa', 'tiled'\), got 'flash'"),
         ({"dropout": 1.0}, r"dropout must be a probability in \[0, 1\), got 1.0"),
         ({"dropout": -0.1}, r"dropout must be a probability"),
         ({"vocab": 0}, "vocab must be a positive integer"),

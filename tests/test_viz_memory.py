@@ -47,11 +47,12 @@ def test_fused_attention_and_inference_change_the_components():
     kw = dict(batch=2, heads=4, dim=256, layers=2, vocab=500, t_min=128, t_max=2048)
     labels = {}
     for mode in ("training", "inference"):
-        for attention in ("explicit", "sdpa"):
+        for attention in ("explicit", "sdpa", "tiled"):
             fig = mem.memory_figure(mode=mode, attention=attention, **kw)
             labels[mode, attention] = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
             plt.close(fig)
     assert "attention" in labels["training", "explicit"] and "attention" not in labels["training", "sdpa"]
+    assert "attention" in labels["training", "tiled"]  # its saved output and lse
     assert "optimizer state" in labels["training", "sdpa"] and "optimizer state" not in labels["inference", "sdpa"]
     assert "kv cache" in labels["inference", "explicit"] and "kv cache" not in labels["training", "explicit"]
 

@@ -19,11 +19,16 @@ from .lm import ModelConfig, TinyLanguageModel, lm_loss, train_step
 from .masks import causal_mask, padding_mask
 from .memory import Ledger, ledger
 from .params import count_parameters, parameter_breakdown
+from .tiled import TileStats, online_softmax_finish, online_softmax_update, tiled_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
     "scaled_dot_product_attention",
+    "tiled_attention",
+    "online_softmax_update",
+    "online_softmax_finish",
+    "TileStats",
     "causal_mask",
     "padding_mask",
     "MultiHeadAttention",

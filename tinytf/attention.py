@@ -13,7 +13,7 @@ import torch
 
 from .masks import causal_mask
 
-__all__ = ["scaled_dot_product_attention", "combine_masks", "check_qkv", "check_mask"]
+__all__ = ["scaled_dot_product_attention", "combine_masks", "check_qkv", "check_mask", "check_inputs"]
 
 
 def _shape(t: torch.Tensor) -> list[int]:
@@ -80,6 +80,19 @@ def check_mask(mask: torch.Tensor, scores_shape: torch.Size | tuple[int, ...]) -
         )
 
 
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> None:
+    """Every check of an attention call: :func:`check_qkv`, then :func:`check_mask` against the
+    scores ``[..., Tq, Tk]`` and the mask's device. Shared by the explicit and the tiled version."""
+    check_qkv(q, k, v)
+    if mask is not None:
+        check_mask(mask, (*q.shape[:-1], k.size(-2)))
+        if mask.device != q.device:
+            raise ValueError(
+                f"mask is on {mask.device} but q is on {q.device}; create the mask with "
+                f"device=q.device (or register it as a buffer so model.to() moves it)."
+            )
+
+
 def combine_masks(
     mask: torch.Tensor | None, is_causal: bool, t_q: int, t_k: int, device: torch.device
 ) -> torch.Tensor | None:
@@ -119,16 +132,8 @@ def scaled_dot_product_attention(
     query under a causal mask) gets all-zero weights and a zero output instead of NaN — the same
     choice PyTorch's own "safe softmax" makes.
     """
-    check_qkv(q, k, v)
+    check_inputs(q, k, v, mask)
     t_q, t_k = q.size(-2), k.size(-2)
-    scores_shape = (*q.shape[:-1], t_k)
-    if mask is not None:
-        check_mask(mask, scores_shape)
-        if mask.device != q.device:
-            raise ValueError(
-                f"mask is on {mask.device} but q is on {q.device}; create the mask with "
-                f"device=q.device (or register it as a buffer so model.to() moves it)."
-            )
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
 
     scores = (q @ k.transpose(-2, -1)) * scale  # [..., Tq, d] @ [..., d, Tk] -> [..., Tq, Tk]

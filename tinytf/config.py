@@ -40,7 +40,8 @@ class ModelConfig:
     """The architecture of a :class:`tinytf.TinyLanguageModel` (used by :mod:`tinytf.memory` too).
 
     ``norm``: ``"pre"`` or ``"post"`` (see :class:`tinytf.TransformerBlock`); ``dropout``: probability
-    in ``[0, 1)`` on attention weights and residual branches; ``backend``: ``"explicit"`` or ``"sdpa"``;
+    in ``[0, 1)`` on attention weights and residual branches; ``backend``: ``"explicit"``, ``"sdpa"`` or
+    ``"tiled"`` (which trains only with ``dropout=0``);
     ``bias``: whether the Linear layers of attention and FFN have bias vectors.
     """
 

@@ -14,13 +14,14 @@ from torch import nn
 
 from .attention import check_mask, scaled_dot_product_attention
 from .masks import causal_mask
+from .tiled import tiled_attention
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kvcache import KVCache
 
 __all__ = ["MultiHeadAttention", "CausalSelfAttention", "BACKENDS"]
 
-BACKENDS = ("explicit", "sdpa")
+BACKENDS = ("explicit", "sdpa", "tiled")
 
 
 def _check_heads(dim: int, heads: int) -> None:
@@ -45,7 +46,9 @@ class MultiHeadAttention(nn.Module):
     ``qkv.weight`` is ``[3D, D]`` laid out as ``[W_q; W_k; W_v]`` — the same packing as
     ``nn.MultiheadAttention.in_proj_weight`` — so weights copy across directly.
     ``backend="explicit"`` runs :func:`tinytf.scaled_dot_product_attention`; ``backend="sdpa"``
-    runs PyTorch's fused ``F.scaled_dot_product_attention``. Both give the same result.
+    runs PyTorch's fused ``F.scaled_dot_product_attention``; ``backend="tiled"`` runs
+    :func:`tinytf.tiled_attention` (the online softmax, tile by tile; no attention dropout). All
+    three give the same result.
     """
 
     def __init__(
@@ -101,9 +104,18 @@ class MultiHeadAttention(nn.Module):
     ):
         """Attention over heads: q ``[B, H, Tq, d]``, k/v ``[B, H, Tk, d]`` -> ``[B, H, Tq, d]``."""
         p = self.dropout if self.training else 0.0
+        if return_weights and self.backend != "explicit":
+            raise ValueError(
+                f"return_weights=True needs backend='explicit' (backend={self.backend!r} never forms the [B, H, Tq, Tk] weights)"
+            )
+        if self.backend == "tiled":
+            if p > 0.0:
+                raise ValueError(
+                    f"backend='tiled' has no dropout on the attention weights (dropout={self.dropout}, training mode): "
+                    "call model.eval(), set dropout=0.0, or train with backend='sdpa' or 'explicit'."
+                )
+            return tiled_attention(q, k, v, mask, is_causal=is_causal)
         if self.backend == "sdpa":
-            if return_weights:
-                raise ValueError("return_weights=True needs backend='explicit' (the fused kernel never forms the weights)")
             t_q, t_k = q.size(-2), k.size(-2)
             if is_causal and (mask is not None or t_q != t_k):
                 # F.sdpa's is_causal is start-aligned and cannot be combined with a mask:

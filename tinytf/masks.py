@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["causal_mask", "padding_mask"]
+__all__ = ["causal_mask", "padding_mask", "check_causal_sizes"]
 
 
 def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str | None = None) -> torch.Tensor:
@@ -20,6 +20,16 @@ def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str 
     only agree when ``t_q == t_k``.)
     """
     t_k = t_q if t_k is None else t_k
+    check_causal_sizes(t_q, t_k)
+    ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=t_k - t_q)  # [t_q, t_k]
+
+
+def check_causal_sizes(t_q: int, t_k: int) -> None:
+    """Raise ``ValueError`` unless an end-aligned causal mask ``[t_q, t_k]`` exists (``1 <= t_q <= t_k``).
+
+    Shared by :func:`causal_mask` and the tiled attention, which never builds the whole mask.
+    """
     if t_q < 1 or t_k < 1:
         raise ValueError(f"causal_mask needs positive sizes, got t_q={t_q}, t_k={t_k}")
     if t_k < t_q:
@@ -27,8 +37,6 @@ def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str 
             f"causal_mask(t_q={t_q}, t_k={t_k}): an end-aligned causal mask needs t_k >= t_q "
             "(the keys include the queries' own positions). Pass t_k >= t_q."
         )
-    ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
-    return ones.tril(diagonal=t_k - t_q)  # [t_q, t_k]
 
 
 def padding_mask(

@@ -6,7 +6,9 @@ Two modules, one namespace (every name is importable as ``tinytf.memory.X``):
 * :mod:`tinytf.memory_ledger` — predictions from shapes and a dtype: :func:`dtype_bytes`,
   :func:`attention_matrix_bytes`, :func:`kv_cache_bytes`, :func:`format_bytes`,
   :func:`parameter_count` and :func:`ledger`, which adds them up (a :class:`Ledger`) for a whole
-  training step or inference prefill;
+  training step or inference prefill, and :func:`tiled_working_set` (one step of the tiled attention);
+* :mod:`tinytf.memory_io` — an IO model: :func:`attention_io_bytes`, the bytes the explicit and the
+  tiled attention move between slow and fast memory (:func:`tiled_io_blocks` picks the tiles);
 * :mod:`tinytf.memory_meters` — measurements: :class:`SavedTensorMeter` (bytes autograd saves for
   backward), :class:`PeakMemoryMeter` (peak bytes of live tensors: ``torch.cuda`` statistics on a
   GPU, a dispatch-mode tensor tracker on the CPU) and :func:`state_bytes` (parameters, gradients,
@@ -15,6 +17,7 @@ Two modules, one namespace (every name is importable as ``tinytf.memory.X``):
 
 from __future__ import annotations
 
+from .memory_io import IO_METHODS, attention_io_bytes, tiled_io_blocks
 from .memory_ledger import (
     ATTENTION_PATHS,
     FP32,
@@ -31,6 +34,7 @@ from .memory_ledger import (
     kv_cache_bytes,
     ledger,
     parameter_count,
+    tiled_working_set,
 )
 from .memory_meters import PeakMemoryMeter, SavedTensorMeter, state_bytes
 
@@ -38,4 +42,5 @@ __all__ = [
     "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "format_bytes", "parameter_count",
     "Ledger", "ledger", "SavedTensorMeter", "PeakMemoryMeter", "state_bytes",
     "GiB", "MiB", "KiB", "OPTIMIZER_STATES", "ATTENTION_PATHS", "FP32", "INT64",
+    "tiled_working_set", "attention_io_bytes", "tiled_io_blocks", "IO_METHODS",
 ]

@@ -16,7 +16,7 @@ import torch
 
 __all__ = [
     "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "format_bytes", "parameter_count",
-    "Ledger", "ledger", "GiB", "MiB", "KiB", "OPTIMIZER_STATES", "ATTENTION_PATHS",
+    "Ledger", "ledger", "GiB", "MiB", "KiB", "OPTIMIZER_STATES", "ATTENTION_PATHS", "tiled_working_set",
 ]
 
 
@@ -50,7 +50,8 @@ def kv_cache_bytes(batch: int, layers: int, heads: int, tokens: int, head_dim: i
 # -- the ledger -------------------------------------------------------------------------------------
 
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1}
-ATTENTION_PATHS = ("explicit", "sdpa")
+ATTENTION_PATHS = ("explicit", "sdpa", "tiled")
+TILE = 64  # the block_q = block_k of tinytf.tiled_attention that backend="tiled" uses
 FP32 = 4  # LayerNorm statistics and the fused kernel's log-sum-exp are kept in fp32
 INT64 = 8  # token ids and targets saved by the embedding and the loss
 GiB, MiB, KiB = 2**30, 2**20, 2**10
@@ -115,7 +116,7 @@ class Ledger:
     master_weights: int
     hidden: int  # B×T×D tensors (residual stream, LayerNorm outputs, q/k/v, head merge)
     ffn: int  # B×T×D_ff tensors (GELU input and output)
-    attention: int  # B×H×T×T tensors (scores/weights); 0 on the fused path
+    attention: int  # B×H×T×T tensors (scores/weights); 0 on the fused path; tiled: output, lse and (inference) one tile
     logits: int  # B×T×V (log-softmax output kept by the loss; the logits at inference)
     other: int  # small terms: LayerNorm statistics, masks, token ids, log-sum-exp
     kv_cache: int  # inference only: K and V for every layer
@@ -165,6 +166,19 @@ class Ledger:
         return self.table()
 
 
+def tiled_working_set(batch: int, heads: int, tokens: int, head_dim: int, dtype: torch.dtype | str, block: int = TILE) -> int:
+    """Bytes live inside one step of :func:`tinytf.tiled_attention` (no grad), beyond its inputs and output.
+
+    Two ``[B, H, bq, bk]`` tiles (the scores and their exponentials ``p``), the bool mask tile
+    ``[bq, bk]``, five ``[B, H, bq, d]`` tensors (the scaled query block, the accumulator, ``p @ v``,
+    the rescaled and the new accumulator) and seven ``[B, H, bq, 1]`` statistics (``m``, ``l``, the
+    tile maximum, the new and the safe maximum, the correction factor, the new ``l``). Blocks are
+    ``min(block, T)``: at ``T <= block`` a tile *is* the whole score matrix.
+    """
+    b, t = dtype_bytes(dtype), min(block, tokens)
+    return (2 * batch * heads * t * t + 5 * batch * heads * t * head_dim + 7 * batch * heads * t) * b + t * t
+
+
 def dtype_name(dtype: torch.dtype | str) -> str:
     """Short name: ``torch.bfloat16``/``"bfloat16"`` -> ``"bf16"``, ``torch.float32`` -> ``"fp32"``."""
     dtype = _as_dtype(dtype)
@@ -191,14 +205,17 @@ def ledger(
         training: a full step (forward, backward, optimizer) or a no-grad prefill with a KV cache.
         optimizer: ``"adamw"``/``"adam"`` (2 states per parameter), ``"sgd_momentum"`` (1), ``"sgd"`` (0).
         attention: ``"explicit"`` (:func:`tinytf.scaled_dot_product_attention`, materialises
-            ``[B, H, T, T]``) or ``"sdpa"`` (fused ``F.scaled_dot_product_attention``: no T×T tensor).
+            ``[B, H, T, T]``), ``"sdpa"`` (fused ``F.scaled_dot_product_attention``: no T×T tensor) or
+            ``"tiled"`` (:func:`tinytf.tiled_attention`: saves its output ``[B, H, T, d]`` and ``lse``
+            ``[B, H, T]``; at inference one query block's tiles are live, see :func:`tiled_working_set`).
         mixed_precision: parameters and gradients in ``dtype`` plus an fp32 master copy and fp32
             optimizer state (the classic 2 + 2 + 4 + 8 = 16 bytes per parameter for fp16 + AdamW).
 
     Counts follow tinytf's own code with dropout 0 (verified against measurement in
     ``tests/test_memory.py``): per layer, training saves 8 ``B×T×D`` tensors, 2 ``B×T×D_ff``
     tensors and, on the explicit path, 2 ``B×H×T×T`` tensors (the softmax output and the masked
-    weights that feed ``@ v``); the loss keeps a ``B×(T-1)×V`` log-softmax.
+    weights that feed ``@ v``); on the tiled path 1 ``B×T×D`` output and a ``B×H×T`` log-sum-exp
+    instead; the loss keeps a ``B×(T-1)×V`` log-softmax.
     """
     c = _config_of(model_config)
     if optimizer not in OPTIMIZER_STATES:
@@ -215,7 +232,7 @@ def ledger(
     B, T, D, H, L, V = batch, tokens, c.dim, c.heads, c.layers, c.vocab
     F = c.expansion * D
     BTD, BTF = B * T * D, B * T * F
-    explicit = attention == "explicit"
+    explicit, tiled = attention == "explicit", attention == "tiled"
     parameters = n_params * b
     gradients = optimizer_state = master = kv = 0
     if training:
@@ -228,16 +245,20 @@ def ledger(
         hidden = (8 * L + 2) * BTD * b  # per layer: norm1 in/out, q, k, v, heads merged, norm2 in/out; + final norm in/out
         ffn = 2 * L * BTF * b  # GELU input and output (the second Linear's input)
         attn = 2 * L * attention_matrix_bytes(B, H, T, dtype) if explicit else 0
+        if tiled:
+            attn = L * (BTD + B * H * T) * b  # the saved output [B, H, T, d] and lse [B, H, T], in dtype
         logits = B * (T - 1) * V * b  # log-softmax output saved by cross-entropy
         other = (2 * (2 * L + 1) * B * T * FP32  # LayerNorm mean and rstd
                  + (B * T + T + B * (T - 1)) * INT64 + INT64 + b  # ids, positions, targets; token count, weight
-                 + (L * (T * T + T) if explicit else L * B * H * T * FP32))  # bool masks | fp32 log-sum-exp
+                 + (L * (T * T + T) if explicit else 0 if tiled else L * B * H * T * FP32))  # bool masks | fp32 lse
     else:  # no-grad prefill: the peak is the largest working set of three phases of one layer
         mask_bytes = 2 * T * T if explicit else 0  # one layer's causal mask and its negation (bool)
         scores = 3 * attention_matrix_bytes(B, H, T, dtype) if explicit else 0  # scores, softmax, masked weights
+        if tiled:  # output [B, H, T, d] + lse [B, H, T] + the larger of one block's working set and the head merge
+            scores = (BTD + B * H * T) * b + max(tiled_working_set(B, H, T, D // H, dtype), BTD * b)
         phases = {  # (hidden, ffn, attention, logits, other)
             # block input, norm1 output, the [B, T, 3D] projection (+ the fused kernel's output)
-            "attention": ((5 if explicit else 6) * BTD * b, 0, scores, 0, mask_bytes),
+            "attention": ((6 if attention == "sdpa" else 5) * BTD * b, 0, scores, 0, mask_bytes),
             "ffn": (3 * BTD * b, 2 * BTF * b, 0, 0, 0),  # block input, residual, norm2 output; GELU input and output
             "logits": (2 * BTD * b, 0, 0, B * T * V * b, 0),  # last hidden state, final norm output; logits
         }

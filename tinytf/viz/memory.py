@@ -1,7 +1,7 @@
 """Memory curves as the context grows: the :func:`tinytf.memory.ledger` components stacked against T.
 
 :func:`memory_figure` is pure (arguments in, matplotlib Figure out); :func:`memory_explorer` adds
-ipywidgets controls (B, H, D, layers, dtype, training vs inference, explicit vs fused attention,
+ipywidgets controls (B, H, D, layers, dtype, training vs inference, explicit, fused or tiled attention,
 device capacity) through :func:`tinytf.viz.interactive_figure`, or shows the static figure when
 headless. Measured points (bytes at some T) can be overlaid on the predicted total.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..lm import ModelConfig
-from ..memory import GiB, Ledger, dtype_bytes, format_bytes, ledger
+from ..memory import ATTENTION_PATHS, GiB, Ledger, dtype_bytes, format_bytes, ledger
 from ._front import choices, interactive_figure, recall, remember
 
 __all__ = ["token_grid", "memory_curves", "capacity_crossing", "memory_figure", "update_memory_figure", "memory_explorer", "CAPACITIES_GIB"]
@@ -226,7 +226,7 @@ def memory_explorer(
                                        style={"button_width": "50px"}),
         "mode": widgets.ToggleButtons(options=["training", "inference"], value=mode, description="mode",
                                       style={"button_width": "80px"}),
-        "attention": widgets.ToggleButtons(options=["explicit", "sdpa"], value=attention, description="attention",
+        "attention": widgets.ToggleButtons(options=list(ATTENTION_PATHS), value=attention, description="attention",
                                            style={"button_width": "70px"}),
         "capacity_gib": widgets.Dropdown(options=capacities, value=capacity_gib, description="GiB",
                                          layout=widgets.Layout(width="130px")),
