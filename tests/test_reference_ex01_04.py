@@ -308,6 +308,7 @@ def test_ex01_diagnose_names_the_pitfall(reference_runs):
 
     unscaled = variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1))
     assert Pitfall.SCALE in _pitfalls(unscaled) and "scaling" in _titles(unscaled)
+    assert "attention_by_hand" not in _titles(unscaled), "Task 1d is judged on tinytf's scores, not on the wrong ones"
     assert Pitfall.SCALE in _pitfalls(variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1) / q.size(-1)))
     assert Pitfall.ORIENTATION in _pitfalls(variant(scores_by_hand=lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.size(-1))))
     wrong_axis = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-2, keepdim=True))

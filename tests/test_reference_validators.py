@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tinytf.checks import Finding, Pitfall
-from tinytf.course.reference import call_student, check_parts, stub_or
+from tinytf.course.reference import call_student, check_parts, stub_or, swapped
 from tinytf.course.reference.validators import bool_mask, close, float_inputs, has_keys, number, positive, seconds, shape_of, tensor
 
 
@@ -74,3 +74,27 @@ def test_student_calls_and_parts_never_raise():
     raised = [Finding(Pitfall.SCALE, "x", "your code raised NotImplementedError")]
     assert [f.title for f in stub_or("g", raised)] == ["g is not implemented yet"]
     assert stub_or("g", raised[:0]) == []
+
+
+def test_swapped_binds_for_the_duration_and_restores_names_and_class_attributes():
+    ns = {"f": "mine"}
+    with swapped(ns, f="tinytf", g="new"):
+        assert ns == {"f": "tinytf", "g": "new"}
+    assert ns == {"f": "mine"}, "the student's object is back and a name that was not there is gone"
+
+    class Base:
+        def __init__(self):
+            self.who = "student"
+
+    class Child(Base):  # inherits __init__, as PostNormBlock inherits PreNormBlock's
+        pass
+
+    def reference(self):
+        self.who = "tinytf"
+
+    with swapped(Base, __init__=reference):
+        assert Child().who == "tinytf"
+    assert Child().who == "student" and "__init__" not in vars(Child)
+    with pytest.raises(KeyError), swapped(ns, f="tinytf"):
+        raise KeyError("a failing test cell")
+    assert ns == {"f": "mine"}, "restored after an error too"

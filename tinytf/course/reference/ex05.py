@@ -7,8 +7,6 @@ Student code: ``attention(q, k, v, mask=None)``, ``CrossAttention(dim, heads)`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -16,10 +14,10 @@ import torch
 from tinytf.checks import Finding, Pitfall, found
 
 from ..judges import judge
-from . import Probe, call_student, check_parts, judge_findings, stub_or
+from . import Probe, call_student, check_parts, judge_findings, stub_or, swapped
 from .validators import close, float_inputs, has_keys, number, shape_of, tensor
 
-__all__ = ["reference_cross", "swapped", "named_findings", "diagnose", "PROBES"]
+__all__ = ["reference_cross", "named_findings", "diagnose", "PROBES"]
 
 PROBE_KEYS = ("encoder_effect", "padding_leak")
 
@@ -172,17 +170,6 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
 
 
 # ---- probes: the judges' inputs, drawn afresh on the student's machine --------------------------
-
-
-@contextmanager
-def swapped(namespace: dict[str, Any], **objects: Any) -> Iterator[None]:
-    """Bind ``objects`` in ``namespace`` for the duration (a later task runs on tinytf's earlier parts)."""
-    saved = {name: namespace.get(name) for name in objects}
-    namespace.update(objects)
-    try:
-        yield
-    finally:
-        namespace.update(saved)
 
 
 def _size(gen: torch.Generator, lo: int, hi: int) -> int:
