@@ -460,6 +460,18 @@ def test_ex04_diagnose_names_the_problem(reference_runs):
     bn = variant(PostNormBlock=BatchNormPost)
     assert Pitfall.BATCH_NORM in _pitfalls(bn) and "parameter names" in _titles(bn)
 
+    class ReluPre(pre_cls):  # a wrong PreNormBlock.__init__ ...
+        def __init__(self, dim, heads, max_tokens, expansion=4):
+            super().__init__(dim, heads, max_tokens, expansion)
+            self.ffn[1] = nn.ReLU()
+
+    class PostOnReluPre(ReluPre):  # ... inherited by a right PostNormBlock
+        forward = post_cls.forward
+
+    inherited = _titles(variant(PreNormBlock=ReluPre, PostNormBlock=PostOnReluPre))
+    assert "PreNormBlock differs" in inherited and "PostNormBlock" not in inherited and "ex04_post" not in inherited, inherited
+    assert ReluPre.__init__ is not ex04.reference_init, "the student's __init__ is restored"
+
     train = ns["train_curve"]
 
     def unseeded(block_factory, *, steps, lr, seed):
