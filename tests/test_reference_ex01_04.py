@@ -184,7 +184,10 @@ def test_ex01_judges_reject_wrong_answers(reference_runs):
     r = rec["ex01_scores"]
     q, k = r["inputs"]["q"], r["inputs"]["k"]
     _rejects("ex01_scores", q @ k.transpose(-2, -1), r["inputs"])  # Pitfall.SCALE: no scaling
-    _rejects("ex01_scores", q @ k.transpose(-2, -1) / q.size(-1), r["inputs"])  # 1/d
+    msg = _rejects("ex01_scores", q @ k.transpose(-2, -1) / q.size(-1), r["inputs"])  # 1/d
+    want = r["value"]
+    assert f"scores_by_hand(q, k) differs from q @ kᵀ / sqrt(d): for q {list(q.shape)}, k {list(k.shape)} should be {list(want.shape)} " \
+           f"starting [{float(want.reshape(-1)[0]):.4g}, " in msg, msg  # which output, which inputs, the correct shape and first entries
     _rejects("ex01_scores", r["value"][..., :1], r["inputs"])  # wrong shape
     _rejects("ex01_scores", "not a tensor", r["inputs"])
     r = rec["ex01_softmax"]
@@ -249,7 +252,10 @@ def test_ex04_judges_reject_wrong_answers(reference_runs):
     _rejects("ex04_pre_block", pre["value"], {**pre["inputs"], "norm": "post"})  # record for the wrong layout
     other = ex04.reference_block_output(**{**post["inputs"], "norm": "pre"})
     _rejects("ex04_post_block", other, post["inputs"])
-    _rejects("ex04_post_block", post["value"] + 1e-3, post["inputs"])
+    msg = _rejects("ex04_post_block", post["value"] + 1e-3, post["inputs"])
+    x_shape = list(post["inputs"]["x"].shape)
+    assert f"PostNormBlock(x) differs from tinytf.TransformerBlock(norm='post') with the same weights: for x {x_shape}" in msg and \
+            f"should be {list(post['value'].shape)} starting [" in msg, msg
     r = rec["ex04_train"]
     second = {"loss": [v * 1.01 for v in r["value"]["second"]["loss"]], "grad_norm": r["value"]["second"]["grad_norm"]}
     _rejects("ex04_train", {"first": r["value"]["first"], "second": second}, r["inputs"])  # not reproducible

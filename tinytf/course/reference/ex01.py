@@ -15,7 +15,7 @@ from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
-from .validators import close, differs, float_inputs, has_keys, shape_of, tensor
+from .validators import close, differs, float_inputs, has_keys, shape_of, shapes, tensor
 
 __all__ = ["EXAMPLE_Q", "EXAMPLE_K", "EXAMPLE_V", "PROBES", "REFERENCE_PARTS", "reference_scores", "reference_softmax",
            "reference_attention", "diagnose"]
@@ -56,30 +56,37 @@ def _judge_hand_qk(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     assert q.reshape(-1).tolist() == sum(EXAMPLE_Q, []) and k.reshape(-1).tolist() == sum(EXAMPLE_K, []), (
         "the example tensors q and k were changed; hand_qk is judged on the original example"
     )
-    close(tensor(value, (3, 3), "hand_qk"), (q @ k.transpose(-2, -1))[0], "hand_qk (row i = query i, column j = key j)", atol=1e-4)
+    close(tensor(value, (3, 3), "hand_qk"), (q @ k.transpose(-2, -1))[0], "hand_qk (row i = query i, column j = key j)", atol=1e-4,
+          given="the example q, k [1, 3, 4]", reference="q @ kᵀ")
 
 
 @judge("ex01_scores")
 def _judge_scores(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
-    expected = reference_scores(*float_inputs(q, k))
-    close(tensor(value, expected.shape, "scores_by_hand(q, k)"), expected, "scores_by_hand(q, k)")
+    q, k = float_inputs(q, k)
+    expected = reference_scores(q, k)
+    close(tensor(value, expected.shape, "scores_by_hand(q, k)"), expected, "scores_by_hand(q, k)", given=shapes(q=q, k=k),
+          reference="q @ kᵀ / sqrt(d)")
 
 
 @judge("ex01_softmax")
 def _judge_softmax(value: Any, scores: torch.Tensor, large: torch.Tensor) -> None:
     scores, large = float_inputs(scores, large)
     has_keys(value, ("weights", "large"), "the softmax record")
-    close(tensor(value["weights"], scores.shape, "softmax_by_hand(scores)"), scores.softmax(-1), "softmax_by_hand(scores)")
+    close(tensor(value["weights"], scores.shape, "softmax_by_hand(scores)"), scores.softmax(-1), "softmax_by_hand(scores)",
+          given=shapes(scores=scores), reference="torch.softmax(scores, dim=-1)")
     big = tensor(value["large"], large.shape, "softmax_by_hand on large scores")
-    close(big, large.softmax(-1), "softmax_by_hand on large scores")
+    close(big, large.softmax(-1), "softmax_by_hand on large scores", given=shapes(scores=large), reference="torch.softmax(scores, dim=-1)")
 
 
 @judge("ex01_attention")
 def _judge_attention(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     has_keys(value, ("out", "weights"), "the attention record")
-    out, weights = reference_attention(*float_inputs(q, k, v))
-    close(tensor(value["weights"], weights.shape, "attention_by_hand weights"), weights, "attention_by_hand weights")
-    close(tensor(value["out"], out.shape, "attention_by_hand out"), out, "attention_by_hand out")
+    q, k, v = float_inputs(q, k, v)
+    out, weights = reference_attention(q, k, v)
+    given, reference = shapes(q=q, k=k, v=v), "tinytf.scaled_dot_product_attention"
+    close(tensor(value["weights"], weights.shape, "attention_by_hand weights"), weights, "attention_by_hand weights", given=given,
+          reference=reference)
+    close(tensor(value["out"], out.shape, "attention_by_hand out"), out, "attention_by_hand out", given=given, reference=reference)
 
 
 # ---- self-check diagnosis ------------------------------------------------------------------------

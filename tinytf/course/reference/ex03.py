@@ -18,7 +18,7 @@ from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings
-from .validators import close, differs, has_keys, seconds, shape_of
+from .validators import close, differs, has_keys, seconds, shape_of, shapes
 
 __all__ = ["PROBES", "reference_parameter_count", "reference_head_weights", "diagnose"]
 
@@ -70,7 +70,8 @@ def _judge_head_maps(value: Any, x: torch.Tensor, heads: int, qkv_weight: torch.
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), (
         f"per_head_weights must return [B, H, T, T] = {list(expected.shape)}"
     )
-    close(value, expected, "per_head_weights")
+    close(value, expected, "per_head_weights(mha, x)", given=shapes(x=x, heads=int(heads)),
+          reference="the softmax of each head's q kᵀ / sqrt(d_head)")
 
 
 @judge("ex03_results")

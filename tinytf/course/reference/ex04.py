@@ -17,7 +17,7 @@ from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
-from .validators import close, differs, has_keys, number, tensor
+from .validators import close, differs, has_keys, number, shapes, tensor
 
 __all__ = ["PROBES", "reference_block_output", "reference_init", "on_reference_init", "same_curve", "diagnose"]
 
@@ -74,7 +74,9 @@ def _judge_block(value: Any, x: torch.Tensor, state: dict, dim: int, heads: int,
     expected = reference_block_output(x, state, dim, heads, max_tokens, expansion, norm)
     name = "PreNormBlock" if norm == "pre" else "PostNormBlock"
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), f"{name} must map [B, T, D] to [B, T, D]"
-    close(tensor(value, expected.shape, name), expected, name, reference=f"tinytf.TransformerBlock(norm='{norm}')")
+    close(tensor(value, expected.shape, name), expected, f"{name}(x)",
+          reference=f"tinytf.TransformerBlock(norm='{norm}') with the same weights",
+          given=shapes(x=x, dim=int(dim), heads=int(heads), expansion=int(expansion)))
 
 
 @judge("ex04_pre_block")

@@ -20,7 +20,7 @@ from tinytf.checks import Finding, Pitfall
 from ..judges import judge
 from . import call_student, judge_findings, stub_or
 from .ex05 import named_findings
-from .validators import has_keys, positive, shape_of
+from .validators import has_keys, positive, shape_of, shapes, should_be
 
 __all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose"]
 
@@ -120,8 +120,8 @@ def _judge_loss(value: Any, logits: torch.Tensor, ids: torch.Tensor, padded_ids:
         got = value[key]
         assert isinstance(got, torch.Tensor) and got.numel() == 1, f"next_char_loss ({key}) must return a scalar tensor"
         assert torch.allclose(got.float().reshape(()), expected, atol=1e-5), (
-            f"next_char_loss ({key}) differs from the shifted cross-entropy"
-        )
+            f"next_char_loss ({key}) differs from the shifted cross-entropy: "
+            f"{should_be(got, expected, shapes(logits=logits, ids=ids if key == 'plain' else padded_ids))}")
 
 
 @judge("ex08_lr")
@@ -162,7 +162,8 @@ def _judge_ckpt(value: Any, ids: torch.Tensor, config: dict, state_dict: dict) -
         expected = _model(config, state_dict)(ids)
     got = value["logits"]
     assert isinstance(got, torch.Tensor) and got.shape == expected.shape, "the restored model gives logits of the wrong shape"
-    assert torch.allclose(got.float(), expected, atol=1e-5, rtol=1e-5), "the restored model gives different logits"
+    assert torch.allclose(got.float(), expected, atol=1e-5, rtol=1e-5), (
+        f"the restored model gives different logits: {should_be(got, expected, shapes(ids=ids))}")
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
