@@ -19,7 +19,7 @@ from typing import Any
 
 from tinytf.checks import Finding, Pitfall
 
-__all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings", "not_implemented", "stub_or", "swapped"]
+__all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings", "not_implemented", "stub_or", "swapped", "with_cause"]
 
 EXERCISES = ("ex01", "ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08")
 
@@ -125,3 +125,9 @@ def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed:
         if not passed:
             findings.append(Finding(Pitfall.GENERAL, f"{grade_id} would not earn its points", message))
     return findings
+
+
+def with_cause(findings: list[Finding], grade_id: str, cause: str) -> list[Finding]:
+    """``findings`` (from :func:`judge_findings`) with ``cause`` added to the message of ``grade_id``'s
+    finding: a later task's failure that an earlier task explains says so."""
+    return [Finding(f.pitfall, f.title, f"{f.message} — {cause}") if f.title.startswith(f"{grade_id} ") else f for f in findings]

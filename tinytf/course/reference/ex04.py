@@ -16,7 +16,7 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import Probe, call_student, check_parts, judge_findings, swapped
+from . import Probe, call_student, check_parts, judge_findings, swapped, with_cause
 from .validators import close, differs, has_keys, number, shapes, tensor
 
 __all__ = ["PROBES", "reference_block_output", "reference_init", "on_reference_init", "same_curve", "diagnose"]
@@ -255,6 +255,5 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     findings = [f for fs in by_task.values() for f in fs]
     judged = judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
     if by_task["ex04_train"]:  # Task 4d's curves come from the student's train_curve: say so when they fail
-        judged = [Finding(f.pitfall, f.title, f"{f.message} — this fails because `train_curve` above is wrong (fix Task 4c first)")
-                  if f.title.startswith("ex04_comparison") else f for f in judged]
+        judged = with_cause(judged, "ex04_comparison", "this fails because `train_curve` above is wrong (fix Task 4c first)")
     return findings + judged

@@ -18,7 +18,7 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import call_student, judge_findings, stub_or
+from . import call_student, judge_findings, stub_or, with_cause
 from .ex05 import named_findings
 from .validators import has_keys, positive, shape_of, shapes, should_be
 
@@ -290,7 +290,7 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex08 code in ``namespace`` (empty when all looks right); never raises."""
     from tinytf.checks import diagnose_lm_loss
 
-    from .ex08_probes import PROBES
+    from .ex08_probes import PROBES, earlier_parts_wrong
 
     findings, covered = named_findings(namespace, [
         (("build_vocab", "encode", "decode"), "ex08_vocab", lambda *_: _diagnose_vocab(namespace)),
@@ -302,4 +302,10 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     if not callable(namespace.get("train")):
         findings.append(Finding(Pitfall.GENERAL, "train is missing", "Define train(...) in the notebook (keep its name and signature)."))
         covered.add("ex08_train")
-    return findings + judge_findings(namespace, PROBES, covered=covered)
+    judged = judge_findings(namespace, PROBES, covered=covered)
+    wrong = earlier_parts_wrong(namespace) if "ex08_train" not in covered else []
+    if wrong:  # the graded cell retrains on tinytf's versions: so does the probe (ex08_probes._probe_train)
+        names = ", ".join(f"`{name}`" for name in wrong)
+        judged = with_cause(judged, "ex08_train", f"train was judged with tinytf's {names}, because yours above "
+                                                  f"{'is' if len(wrong) == 1 else 'are'} wrong; this is train's own mistake")
+    return findings + judged
