@@ -242,6 +242,11 @@ def test_ex03_judges_reject_wrong_answers(reference_runs):
     bad = {h: dict(v) for h, v in r["value"].items()}
     bad["4"]["weights"] = bad["4"]["weights"][:, :1]
     _rejects("ex03_results", bad, r["inputs"])
+    assert r["inputs"]["maps_sum_to_one"] is True
+    columns = {h: {**v, "weights": v["weights"].transpose(-2, -1).contiguous()} for h, v in r["value"].items()}  # softmax over queries
+    assert "rows must sum to one" in _rejects("ex03_results", columns, r["inputs"])
+    ok, msg = judges.run_judge("ex03_results", columns, {**r["inputs"], "maps_sum_to_one": False})
+    assert ok, f"a wrong per_head_weights costs Task 3c only, not the experiment: {msg}"
 
 
 def test_ex04_judges_reject_wrong_answers(reference_runs):

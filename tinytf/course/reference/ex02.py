@@ -7,8 +7,7 @@ Student functions: ``build_padding_mask(lengths, t, device=None) -> bool [B, 1, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -16,7 +15,7 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import Probe, call_student, check_parts, judge_findings
+from . import Probe, call_student, check_parts, judge_findings, swapped
 from .validators import bool_mask, close, differs, float_inputs, has_keys, shapes, should_be, tensor
 
 __all__ = ["PROBES", "reference_masked_softmax", "reference_renormalise", "tinytf_masked_softmax", "diagnose"]
@@ -33,19 +32,10 @@ def reference_renormalise(weights: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-@contextmanager
-def tinytf_masked_softmax(namespace: dict[str, Any]) -> Iterator[None]:
+def tinytf_masked_softmax(namespace: dict[str, Any]) -> AbstractContextManager[None]:
     """Inside the block the notebook's ``masked_softmax`` is tinytf's, so that ``padded_attention`` (which
     calls it) is graded on its own: a mistake in Task 2b costs Task 2b's points only."""
-    mine = namespace.get("masked_softmax")
-    namespace["masked_softmax"] = reference_masked_softmax
-    try:
-        yield
-    finally:
-        if mine is None:
-            namespace.pop("masked_softmax", None)
-        else:
-            namespace["masked_softmax"] = mine
+    return swapped(namespace, masked_softmax=reference_masked_softmax)
 
 
 # ---- judges ---------------------------------------------------------------------------------------
