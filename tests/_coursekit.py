@@ -219,7 +219,7 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
     cases: dict[str, tuple[Any, str, float]] = {
         "a_correct": (good, "ok", 12),
         "b_untouched": (rel1, "error", 0),
-        "c_wrong": (edited(good, "ex01_scores_answer", WRONG_SCORES), "failed", 6),
+        "c_wrong": (edited(good, "ex01_scores_answer", WRONG_SCORES), "failed", 9),  # Task 1d runs on tinytf's scores
         "d_raises": (prepend(good, "raise RuntimeError('student code raised')"), "failed", 10),
         "e_loop": (edited(good, "ex01_attention_answer", LOOP_ON_4D), "timeout", 9),
         "f_loop_everywhere": (loops, "timeout", 0),
@@ -229,8 +229,8 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
         "j_deleted_test": (without_cell(good, "ex01_softmax"), "missing-cell", 8),
         "k_renamed_test": (renamed(good, "ex01_scores", "ex01_scores_mine"), "missing-cell", 9),
         "l_stripped_metadata": (stripped(good), "missing-cell", 0),
-        "m_edited_test": (edited(edited(good, "ex01_scores_answer", WRONG_SCORES), "ex01_scores", "assert True"), "tampered", 6),
-        "n_monkeypatch": (prepend(edited(good, "ex01_softmax_answer", WRONG_SOFTMAX), PATCH_CHECKS), "tampered", 5),
+        "m_edited_test": (edited(edited(good, "ex01_scores_answer", WRONG_SCORES), "ex01_scores", "assert True"), "tampered", 9),
+        "n_monkeypatch": (prepend(edited(good, "ex01_softmax_answer", WRONG_SOFTMAX), PATCH_CHECKS), "tampered", 8),
         "o_no_record": (prepend(edited(good, "ex01_softmax_answer", WRONG_SOFTMAX), PATCH_CHECKS + "\nrecord = lambda *a, **k: None"),
                         "tampered", 0),
         "p_invalid_json": ('{"cells": [ this is not json', "unreadable", 0),

@@ -91,7 +91,7 @@ def test_per_cell_statuses_say_what_happened(corpus):
     assert cells[("m_edited_test", "ex01_scores")]["status"] == "tampered"
     n = cells[("n_monkeypatch", "ex01_softmax")]
     assert n["status"] == "tampered" and "torch.allclose" in n["message"] and "had been replaced" in n["message"], n
-    assert cells[("n_monkeypatch", "ex01_attention")]["status"] == "tampered"
+    assert cells[("n_monkeypatch", "ex01_attention")]["status"] == "ok", "Task 1d runs on tinytf's softmax: only Task 1c is lost"
     assert "exported no result" in cells[("o_no_record", "ex01_hand_qk")]["message"]
     assert cells[("q_memory_hog", "ex01_hand_qk")]["status"] in ("failed", "error"), "MemoryError in the cell that defines hand_qk"
     # the visible tests that did not depend on the broken cell still earn their points

@@ -184,7 +184,10 @@ def test_ex01_judges_reject_wrong_answers(reference_runs):
     r = rec["ex01_scores"]
     q, k = r["inputs"]["q"], r["inputs"]["k"]
     _rejects("ex01_scores", q @ k.transpose(-2, -1), r["inputs"])  # Pitfall.SCALE: no scaling
-    _rejects("ex01_scores", q @ k.transpose(-2, -1) / q.size(-1), r["inputs"])  # 1/d
+    msg = _rejects("ex01_scores", q @ k.transpose(-2, -1) / q.size(-1), r["inputs"])  # 1/d
+    want = r["value"]
+    assert f"scores_by_hand(q, k) differs from q @ kᵀ / sqrt(d): for q {list(q.shape)}, k {list(k.shape)} should be {list(want.shape)} " \
+           f"starting [{float(want.reshape(-1)[0]):.4g}, " in msg, msg  # which output, which inputs, the correct shape and first entries
     _rejects("ex01_scores", r["value"][..., :1], r["inputs"])  # wrong shape
     _rejects("ex01_scores", "not a tensor", r["inputs"])
     r = rec["ex01_softmax"]
@@ -239,6 +242,11 @@ def test_ex03_judges_reject_wrong_answers(reference_runs):
     bad = {h: dict(v) for h, v in r["value"].items()}
     bad["4"]["weights"] = bad["4"]["weights"][:, :1]
     _rejects("ex03_results", bad, r["inputs"])
+    assert r["inputs"]["maps_sum_to_one"] is True
+    columns = {h: {**v, "weights": v["weights"].transpose(-2, -1).contiguous()} for h, v in r["value"].items()}  # softmax over queries
+    assert "rows must sum to one" in _rejects("ex03_results", columns, r["inputs"])
+    ok, msg = judges.run_judge("ex03_results", columns, {**r["inputs"], "maps_sum_to_one": False})
+    assert ok, f"a wrong per_head_weights costs Task 3c only, not the experiment: {msg}"
 
 
 def test_ex04_judges_reject_wrong_answers(reference_runs):
@@ -249,7 +257,10 @@ def test_ex04_judges_reject_wrong_answers(reference_runs):
     _rejects("ex04_pre_block", pre["value"], {**pre["inputs"], "norm": "post"})  # record for the wrong layout
     other = ex04.reference_block_output(**{**post["inputs"], "norm": "pre"})
     _rejects("ex04_post_block", other, post["inputs"])
-    _rejects("ex04_post_block", post["value"] + 1e-3, post["inputs"])
+    msg = _rejects("ex04_post_block", post["value"] + 1e-3, post["inputs"])
+    x_shape = list(post["inputs"]["x"].shape)
+    assert f"PostNormBlock(x) differs from tinytf.TransformerBlock(norm='post') with the same weights: for x {x_shape}" in msg and \
+            f"should be {list(post['value'].shape)} starting [" in msg, msg
     r = rec["ex04_train"]
     second = {"loss": [v * 1.01 for v in r["value"]["second"]["loss"]], "grad_norm": r["value"]["second"]["grad_norm"]}
     _rejects("ex04_train", {"first": r["value"]["first"], "second": second}, r["inputs"])  # not reproducible
@@ -308,6 +319,7 @@ def test_ex01_diagnose_names_the_pitfall(reference_runs):
 
     unscaled = variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1))
     assert Pitfall.SCALE in _pitfalls(unscaled) and "scaling" in _titles(unscaled)
+    assert "attention_by_hand" not in _titles(unscaled), "Task 1d is judged on tinytf's scores, not on the wrong ones"
     assert Pitfall.SCALE in _pitfalls(variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1) / q.size(-1)))
     assert Pitfall.ORIENTATION in _pitfalls(variant(scores_by_hand=lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.size(-1))))
     wrong_axis = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-2, keepdim=True))
@@ -458,6 +470,18 @@ def test_ex04_diagnose_names_the_problem(reference_runs):
     assert Pitfall.CAUSAL_OFF_BY_ONE in _pitfalls(variant(PostNormBlock=LeakyPost))
     bn = variant(PostNormBlock=BatchNormPost)
     assert Pitfall.BATCH_NORM in _pitfalls(bn) and "parameter names" in _titles(bn)
+
+    class ReluPre(pre_cls):  # a wrong PreNormBlock.__init__ ...
+        def __init__(self, dim, heads, max_tokens, expansion=4):
+            super().__init__(dim, heads, max_tokens, expansion)
+            self.ffn[1] = nn.ReLU()
+
+    class PostOnReluPre(ReluPre):  # ... inherited by a right PostNormBlock
+        forward = post_cls.forward
+
+    inherited = _titles(variant(PreNormBlock=ReluPre, PostNormBlock=PostOnReluPre))
+    assert "PreNormBlock differs" in inherited and "PostNormBlock" not in inherited and "ex04_post" not in inherited, inherited
+    assert ReluPre.__init__ is not ex04.reference_init, "the student's __init__ is restored"
 
     train = ns["train_curve"]
 

@@ -20,7 +20,7 @@ import tinytf
 from tinytf.checks import Pitfall
 from tinytf.course.judges import JUDGES, load_all, run_judge
 from tinytf.course.record import RECORD_ENV, load_records
-from tinytf.course.reference import ex05, ex06, ex07, ex08
+from tinytf.course.reference import ex05, ex06, ex07, ex08, ex08_probes
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {
@@ -492,3 +492,26 @@ def test_ex08_diagnose(ex08_ns):
         return {c: i for i, c in enumerate(itos)}, itos
 
     assert [f.title for f in ex08.diagnose({**ex08_ns, "build_vocab": unsorted_vocab})] == ["itos is not the sorted distinct characters"]
+
+
+def test_ex08_train_is_judged_on_tinytfs_parts_when_an_earlier_part_is_wrong(ex08_ns):
+    """Part E on its own (issue 12, point 4): with a wrong next_char_loss the self-check still judges
+    train, on tinytf's loss as the graded cell does, and says so when train itself is wrong."""
+    def unshifted(logits, ids, pad_id=None):
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids.reshape(-1),
+                                                 ignore_index=-100 if pad_id is None else pad_id)
+
+    source = _cells("ex08")["ex08_train_code"].source
+    ns = {**ex08_ns, "next_char_loss": unshifted}
+    exec(compile(source, "<ex08_train_code>", "exec"), ns)  # noqa: S102 - train's globals are ns: it calls the wrong loss
+    value, inputs = ex08_probes.PROBES["ex08_train"](ns, torch.Generator().manual_seed(0))
+    _accepts("ex08_train", value, inputs)
+    assert ns["next_char_loss"] is unshifted, "the student's function is back after the probe"
+    findings = ex08.diagnose(ns)
+    assert Pitfall.UNSHIFTED_TARGETS in _pitfalls(findings) and not [f for f in findings if "ex08_train" in f.title]
+
+    assert source.count("scheduler.step()") == 1
+    exec(compile(source.replace("scheduler.step()", "pass"), "<ex08_train_code>", "exec"), ns)  # noqa: S102 - forgets the schedule
+    [train] = [f for f in ex08.diagnose(ns) if f.title.startswith("ex08_train")]
+    assert "the learning rate at step" in train.message, train.message
+    assert "train was judged with tinytf's `next_char_loss`, because yours above is wrong" in train.message, train.message

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tinytf.checks import Finding, Pitfall
-from tinytf.course.reference import call_student, check_parts, stub_or
-from tinytf.course.reference.validators import bool_mask, close, float_inputs, has_keys, number, positive, seconds, shape_of, tensor
+from tinytf.course.reference import call_student, check_parts, stub_or, swapped
+from tinytf.course.reference.validators import bool_mask, close, float_inputs, has_keys, number, positive, seconds, shape_of, shapes, tensor
 
 
 def _message(fn, *args, **kwargs) -> str:
@@ -34,7 +34,12 @@ def test_close_checks_the_shape_before_the_values():
     a = torch.zeros(2, 3)
     close(a, a + 1e-7, "w")
     assert _message(close, a, a[:1], "w") == "w has shape [2, 3], expected [1, 3]"  # allclose would broadcast
-    assert _message(close, a, a + 1, "w", reference="tinytf") == "w differs from tinytf"
+    assert _message(close, a, a + 1, "w", reference="tinytf") == (
+        "w differs from tinytf: should be [2, 3] starting [1, 1, 1, 1, …]; yours is [2, 3] starting [0, 0, 0, 0, …]")
+    x = torch.zeros(2, 5)
+    assert _message(close, a, a + 1, "w", given=shapes(x=x, heads=2, mask=None)) == (
+        "w differs from the reference: for x [2, 5], heads 2 should be [2, 3] starting [1, 1, 1, 1, …]; "
+        "yours is [2, 3] starting [0, 0, 0, 0, …]"), "which output, for which inputs, the correct shape and first entries"
 
 
 def test_recorded_inputs_and_masks():
@@ -74,3 +79,27 @@ def test_student_calls_and_parts_never_raise():
     raised = [Finding(Pitfall.SCALE, "x", "your code raised NotImplementedError")]
     assert [f.title for f in stub_or("g", raised)] == ["g is not implemented yet"]
     assert stub_or("g", raised[:0]) == []
+
+
+def test_swapped_binds_for_the_duration_and_restores_names_and_class_attributes():
+    ns = {"f": "mine"}
+    with swapped(ns, f="tinytf", g="new"):
+        assert ns == {"f": "tinytf", "g": "new"}
+    assert ns == {"f": "mine"}, "the student's object is back and a name that was not there is gone"
+
+    class Base:
+        def __init__(self):
+            self.who = "student"
+
+    class Child(Base):  # inherits __init__, as PostNormBlock inherits PreNormBlock's
+        pass
+
+    def reference(self):
+        self.who = "tinytf"
+
+    with swapped(Base, __init__=reference):
+        assert Child().who == "tinytf"
+    assert Child().who == "student" and "__init__" not in vars(Child)
+    with pytest.raises(KeyError), swapped(ns, f="tinytf"):
+        raise KeyError("a failing test cell")
+    assert ns == {"f": "mine"}, "restored after an error too"

@@ -36,7 +36,8 @@ def test_validate_names_the_pitfall_and_catches_deleted_and_edited_tests(release
     out = capsys.readouterr().out
     print(out)
     assert rc == 1
-    assert "FAIL    ex01_scores" in out and "FAIL    ex01_attention" in out
+    assert "FAIL    ex01_scores" in out
+    assert "PASS    ex01_attention" in out, "Task 1d runs on tinytf's scores: the wrong scores_by_hand costs only Task 1b"
     assert "pitfall 1" in out and "sqrt" in out, "the diagnosis names the missing scale"
     assert "test cell ex01_hand_qk was deleted" in out and "test cell ex01_softmax was edited" in out
     assert re.search(r"PASS    ex01_hand_qk \(2 pt, cell \d+ \(under \"[^\"]+\"\)\) \[deleted\]", out), (

@@ -7,17 +7,19 @@
 - ``diagnose(namespace: dict) -> list[tinytf.checks.Finding]`` (optional): run the
   :mod:`tinytf.checks` detectors on the student's functions found in ``namespace`` and say which
   pitfall is wrong, in plain language. :func:`check_parts` runs one check per student object and
-  :func:`call_student` calls the student's code, so that neither a missing name nor a crash escapes.
+  :func:`call_student` calls the student's code, so that neither a missing name nor a crash escapes;
+  :func:`swapped` runs a later task on tinytf's reference for the earlier ones (each task on its own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from tinytf.checks import Finding, Pitfall
 
-__all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings", "not_implemented", "stub_or"]
+__all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings", "not_implemented", "stub_or", "swapped", "with_cause"]
 
 EXERCISES = ("ex01", "ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08")
 
@@ -67,6 +69,30 @@ def check_parts(namespace: dict[str, Any], parts: Iterable[tuple[str | Sequence[
     return findings
 
 
+@contextmanager
+def swapped(where: dict[str, Any] | type, **objects: Any) -> Iterator[None]:
+    """Bind ``objects`` in ``where`` for the duration, then restore what was there (or remove a name that
+    was not): ``where`` is a notebook's globals (a dict) or a student's class (its own attributes, e.g.
+    ``__init__``). A later task runs on tinytf's earlier parts, so a mistake in an earlier task costs only
+    that task's points."""
+    missing = object()
+    if isinstance(where, dict):
+        own, put, drop = where, where.__setitem__, where.pop
+    else:
+        own, put, drop = vars(where), lambda name, obj: setattr(where, name, obj), lambda name: delattr(where, name)
+    saved = {name: own.get(name, missing) for name in objects}
+    for name, obj in objects.items():
+        put(name, obj)
+    try:
+        yield
+    finally:
+        for name, obj in saved.items():
+            if obj is missing:
+                drop(name)
+            else:
+                put(name, obj)
+
+
 Probe = Callable[[dict[str, Any], Any], tuple[Any, dict[str, Any]]]
 
 
@@ -99,3 +125,9 @@ def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed:
         if not passed:
             findings.append(Finding(Pitfall.GENERAL, f"{grade_id} would not earn its points", message))
     return findings
+
+
+def with_cause(findings: list[Finding], grade_id: str, cause: str) -> list[Finding]:
+    """``findings`` (from :func:`judge_findings`) with ``cause`` added to the message of ``grade_id``'s
+    finding: a later task's failure that an earlier task explains says so."""
+    return [Finding(f.pitfall, f.title, f"{f.message} — {cause}") if f.title.startswith(f"{grade_id} ") else f for f in findings]

@@ -14,10 +14,11 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import Probe, call_student, check_parts, judge_findings
-from .validators import close, differs, float_inputs, has_keys, shape_of, tensor
+from . import Probe, call_student, check_parts, judge_findings, swapped
+from .validators import close, differs, float_inputs, has_keys, shape_of, shapes, tensor
 
-__all__ = ["EXAMPLE_Q", "EXAMPLE_K", "EXAMPLE_V", "PROBES", "reference_scores", "reference_attention", "upstream_problem", "diagnose"]
+__all__ = ["EXAMPLE_Q", "EXAMPLE_K", "EXAMPLE_V", "PROBES", "REFERENCE_PARTS", "reference_scores", "reference_softmax",
+           "reference_attention", "diagnose"]
 
 EXAMPLE_Q = [[1.0, 0.0, 1.0, 0.0], [0.0, 2.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
 EXAMPLE_K = [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]]  # QKᵀ is not symmetric
@@ -27,6 +28,16 @@ EXAMPLE_V = [[1.0, 0.0, 0.0, 0.0], [0.0, 10.0, 0.0, 0.0], [0.0, 0.0, 100.0, 0.0]
 def reference_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """q ``[..., Tq, d]``, k ``[..., Tk, d]`` -> ``q kᵀ / sqrt(d)`` ``[..., Tq, Tk]``."""
     return (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+
+
+def reference_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last axis (the keys): weights ``[..., Tq, Tk]`` whose rows sum to one."""
+    return scores.softmax(dim=-1)
+
+
+REFERENCE_PARTS = {"scores_by_hand": reference_scores, "softmax_by_hand": reference_softmax}
+"""tinytf's Tasks 1b and 1c: Task 1d's tests run ``attention_by_hand`` on these (see :func:`swapped`), so a
+mistake in 1b or 1c costs only that task."""
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,30 +56,37 @@ def _judge_hand_qk(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     assert q.reshape(-1).tolist() == sum(EXAMPLE_Q, []) and k.reshape(-1).tolist() == sum(EXAMPLE_K, []), (
         "the example tensors q and k were changed; hand_qk is judged on the original example"
     )
-    close(tensor(value, (3, 3), "hand_qk"), (q @ k.transpose(-2, -1))[0], "hand_qk (row i = query i, column j = key j)", atol=1e-4)
+    close(tensor(value, (3, 3), "hand_qk"), (q @ k.transpose(-2, -1))[0], "hand_qk (row i = query i, column j = key j)", atol=1e-4,
+          given="the example q, k [1, 3, 4]", reference="q @ kᵀ")
 
 
 @judge("ex01_scores")
 def _judge_scores(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
-    expected = reference_scores(*float_inputs(q, k))
-    close(tensor(value, expected.shape, "scores_by_hand(q, k)"), expected, "scores_by_hand(q, k)")
+    q, k = float_inputs(q, k)
+    expected = reference_scores(q, k)
+    close(tensor(value, expected.shape, "scores_by_hand(q, k)"), expected, "scores_by_hand(q, k)", given=shapes(q=q, k=k),
+          reference="q @ kᵀ / sqrt(d)")
 
 
 @judge("ex01_softmax")
 def _judge_softmax(value: Any, scores: torch.Tensor, large: torch.Tensor) -> None:
     scores, large = float_inputs(scores, large)
     has_keys(value, ("weights", "large"), "the softmax record")
-    close(tensor(value["weights"], scores.shape, "softmax_by_hand(scores)"), scores.softmax(-1), "softmax_by_hand(scores)")
+    close(tensor(value["weights"], scores.shape, "softmax_by_hand(scores)"), scores.softmax(-1), "softmax_by_hand(scores)",
+          given=shapes(scores=scores), reference="torch.softmax(scores, dim=-1)")
     big = tensor(value["large"], large.shape, "softmax_by_hand on large scores")
-    close(big, large.softmax(-1), "softmax_by_hand on large scores")
+    close(big, large.softmax(-1), "softmax_by_hand on large scores", given=shapes(scores=large), reference="torch.softmax(scores, dim=-1)")
 
 
 @judge("ex01_attention")
 def _judge_attention(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     has_keys(value, ("out", "weights"), "the attention record")
-    out, weights = reference_attention(*float_inputs(q, k, v))
-    close(tensor(value["weights"], weights.shape, "attention_by_hand weights"), weights, "attention_by_hand weights")
-    close(tensor(value["out"], out.shape, "attention_by_hand out"), out, "attention_by_hand out")
+    q, k, v = float_inputs(q, k, v)
+    out, weights = reference_attention(q, k, v)
+    given, reference = shapes(q=q, k=k, v=v), "tinytf.scaled_dot_product_attention"
+    close(tensor(value["weights"], weights.shape, "attention_by_hand weights"), weights, "attention_by_hand weights", given=given,
+          reference=reference)
+    close(tensor(value["out"], out.shape, "attention_by_hand out"), out, "attention_by_hand out", given=given, reference=reference)
 
 
 # ---- self-check diagnosis ------------------------------------------------------------------------
@@ -153,35 +171,31 @@ def _diagnose_softmax(fn: Any) -> list[Finding]:
     return []
 
 
-def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any], *, parts_ok: bool) -> list[Finding]:
-    """The pair structure always; the property probe of tinytf.checks only once scores and softmax are right."""
-    q, k, v = _probe()
-    res, problem = call_student("attention_by_hand", attn_fn, q, k, v)
-    if problem:
-        return [problem]
-    if not (isinstance(res, (tuple, list)) and len(res) == 2):
-        return [Finding(Pitfall.GENERAL, "attention_by_hand must return (out, weights)", "Return a pair: weights @ v and the weights.")]
-    if not parts_ok:
-        return []
+def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any]) -> list[Finding]:
+    """The pair structure, then the property probe of tinytf.checks; attention_by_hand runs on tinytf's
+    scores and softmax (:data:`REFERENCE_PARTS`), as in its test, so that it is judged on its own."""
     from tinytf.checks import diagnose_attention
 
-    scores_fn, softmax_fn = namespace["scores_by_hand"], namespace["softmax_by_hand"]
+    q, k, v = _probe()
+    with swapped(namespace, **REFERENCE_PARTS):
+        res, problem = call_student("attention_by_hand", attn_fn, q, k, v)
+        if problem:
+            return [problem]
+        if not (isinstance(res, (tuple, list)) and len(res) == 2):
+            return [Finding(Pitfall.GENERAL, "attention_by_hand must return (out, weights)", "Return a pair: weights @ v and the weights.")]
 
-    def as_attention(q, k, v, mask=None):  # the mask is applied before the student's softmax
-        if mask is None:
-            return attn_fn(q, k, v)[0]
-        return softmax_fn(scores_fn(q, k).masked_fill(~mask, float("-inf"))) @ v
+        def as_attention(q, k, v, mask=None):  # the mask is applied before the softmax
+            if mask is None:
+                return attn_fn(q, k, v)[0]
+            return reference_softmax(reference_scores(q, k).masked_fill(~mask, float("-inf"))) @ v
 
-    findings = diagnose_attention(as_attention)
+        findings = diagnose_attention(as_attention)
     ref_out, ref_w = reference_attention(q, k, v)
     out, w = res
-    if not findings and not (
-        isinstance(out, torch.Tensor) and isinstance(w, torch.Tensor)
-        and out.shape == ref_out.shape and w.shape == ref_w.shape
-        and torch.allclose(out, ref_out, atol=1e-4) and torch.allclose(w, ref_w, atol=1e-4)
-    ):
+    wrong_out = not (isinstance(out, torch.Tensor) and out.shape == ref_out.shape and torch.allclose(out, ref_out, atol=1e-4))
+    wrong_w = not (isinstance(w, torch.Tensor) and w.shape == ref_w.shape and torch.allclose(w, ref_w, atol=1e-4))
+    if not findings and (wrong_out or wrong_w):
         given = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
-        wrong_out = not (isinstance(out, torch.Tensor) and out.shape == ref_out.shape and torch.allclose(out, ref_out, atol=1e-4))
         findings.append(Finding(Pitfall.GENERAL, "attention_by_hand differs from tinytf",
                                 differs("attention_by_hand out" if wrong_out else "attention_by_hand weights",
                                         out if wrong_out else w, ref_out if wrong_out else ref_w, given)
@@ -216,7 +230,8 @@ def _probe_softmax(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[
 def _probe_attention(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
     tq, tk, d = _sizes(gen)
     q, k, v = (torch.randn(2, 2, t, n, generator=gen) for t, n in ((tq, d), (tk, d), (tk, 3)))
-    out, weights = ns["attention_by_hand"](q, k, v)
+    with swapped(ns, **REFERENCE_PARTS):  # Task 1d is judged on its own, as in its test
+        out, weights = ns["attention_by_hand"](q, k, v)
     return {"out": out, "weights": weights}, {"q": q, "k": k, "v": v}
 
 
@@ -224,37 +239,16 @@ PROBES: dict[str, Probe] = {"ex01_hand_qk": _probe_hand, "ex01_scores": _probe_s
                             "ex01_attention": _probe_attention}
 
 
-def upstream_problem(namespace: dict[str, Any]) -> str:
-    """For the attention test's messages: " — this fails because `scores_by_hand` above is wrong" when
-    one of the two functions attention_by_hand builds on disagrees with tinytf on a small probe, else ""."""
-    q, k, _ = _probe()
-    raw = q @ k.transpose(-2, -1)
-    for name, args, want in (("scores_by_hand", (q, k), raw / math.sqrt(q.size(-1))), ("softmax_by_hand", (raw,), raw.softmax(-1))):
-        got, problem = call_student(name, namespace.get(name, _missing), *args)
-        if problem or not isinstance(got, torch.Tensor) or got.shape != want.shape or not torch.allclose(got.float(), want, atol=1e-4):
-            return f" — this fails because `{name}` above is wrong (fix its task first)"
-    return ""
-
-
-def _missing(*args: Any, **kwargs: Any) -> Any:
-    raise NameError("not defined")
-
-
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex01 functions in ``namespace`` (empty when all look right).
 
     The named checks run the student's code on a few fixed-seed probes (Tq != Tk, d != 4, batch and head
-    axes); then the grader's judges decide on fresh random inputs (:data:`PROBES`) for every task that
-    no named finding explains yet. Never raises.
+    axes), attention_by_hand on tinytf's scores and softmax (each task on its own); then the grader's judges
+    decide on fresh random inputs (:data:`PROBES`) for every task that no named finding explains yet. Never raises.
     """
     by_task = {"ex01_hand_qk": _diagnose_hand_qk(namespace.get("hand_qk")),
                "ex01_scores": check_parts(namespace, [("scores_by_hand", _diagnose_scores)]),
                "ex01_softmax": check_parts(namespace, [("softmax_by_hand", _diagnose_softmax)])}
-    parts_ok = not (by_task["ex01_scores"] or by_task["ex01_softmax"])
-    by_task["ex01_attention"] = check_parts(
-        namespace, [("attention_by_hand", lambda fn: _diagnose_attention(fn, namespace, parts_ok=parts_ok))])
-    if not parts_ok and not by_task["ex01_attention"]:  # its judge fails because of the parts: say so, once
-        by_task["ex01_attention"].append(Finding(Pitfall.GENERAL, "attention_by_hand inherits the mistake above",
-                                                 f"attention_by_hand's test{upstream_problem(namespace)}."))
+    by_task["ex01_attention"] = check_parts(namespace, [("attention_by_hand", lambda fn: _diagnose_attention(fn, namespace))])
     findings = [f for fs in by_task.values() for f in fs]
     return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])

@@ -7,8 +7,7 @@ Student functions: ``build_padding_mask(lengths, t, device=None) -> bool [B, 1, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -16,8 +15,8 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import Probe, call_student, check_parts, judge_findings
-from .validators import bool_mask, close, differs, float_inputs, has_keys, tensor
+from . import Probe, call_student, check_parts, judge_findings, swapped
+from .validators import bool_mask, close, differs, float_inputs, has_keys, shapes, should_be, tensor
 
 __all__ = ["PROBES", "reference_masked_softmax", "reference_renormalise", "tinytf_masked_softmax", "diagnose"]
 
@@ -33,19 +32,10 @@ def reference_renormalise(weights: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-@contextmanager
-def tinytf_masked_softmax(namespace: dict[str, Any]) -> Iterator[None]:
+def tinytf_masked_softmax(namespace: dict[str, Any]) -> AbstractContextManager[None]:
     """Inside the block the notebook's ``masked_softmax`` is tinytf's, so that ``padded_attention`` (which
     calls it) is graded on its own: a mistake in Task 2b costs Task 2b's points only."""
-    mine = namespace.get("masked_softmax")
-    namespace["masked_softmax"] = reference_masked_softmax
-    try:
-        yield
-    finally:
-        if mine is None:
-            namespace.pop("masked_softmax", None)
-        else:
-            namespace["masked_softmax"] = mine
+    return swapped(namespace, masked_softmax=reference_masked_softmax)
 
 
 # ---- judges ---------------------------------------------------------------------------------------
@@ -57,7 +47,8 @@ def _judge_mask(value: Any, lengths: list[int], t: int) -> None:
 
     expected = padding_mask([int(n) for n in lengths], int(t))
     value = tensor(value, expected.shape, "build_padding_mask(lengths, t)", dtype=torch.bool)
-    assert torch.equal(value, expected), "build_padding_mask(lengths, t) marks the wrong positions"
+    assert torch.equal(value, expected), (
+        f"build_padding_mask(lengths, t) marks the wrong positions: {should_be(value, expected, f'lengths {list(lengths)}, t {t}')}")
 
 
 @judge("ex02_masked_softmax")
@@ -66,13 +57,14 @@ def _judge_masked_softmax(value: Any, scores: torch.Tensor, mask: Any) -> None:
     expected = reference_masked_softmax(*float_inputs(scores), mask)
     value = tensor(value, expected.shape, "masked_softmax(scores, mask)")
     assert bool((value[~mask.expand_as(value)] == 0).all()), "masked_softmax: blocked weights are not exactly zero"
-    close(value, expected, "masked_softmax(scores, mask)")
+    close(value, expected, "masked_softmax(scores, mask)", given=shapes(scores=scores, mask=mask))
 
 
 @judge("ex02_renormalise")
 def _judge_renormalise(value: Any, weights: torch.Tensor, mask: Any) -> None:
     expected = reference_renormalise(*float_inputs(weights), bool_mask(mask))
-    close(tensor(value, expected.shape, "renormalise(weights, mask)"), expected, "renormalise(weights, mask)", atol=1e-6)
+    close(tensor(value, expected.shape, "renormalise(weights, mask)"), expected, "renormalise(weights, mask)", atol=1e-6,
+          given=shapes(weights=weights, mask=mask))
 
 
 @judge("ex02_attention")
@@ -84,7 +76,8 @@ def _judge_attention(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     q, k, v = float_inputs(q, k, v)
     for key, m in (("masked", mask), ("unmasked", None)):
         expected = scaled_dot_product_attention(q, k, v, m)
-        close(tensor(value[key], expected.shape, f"padded_attention ({key})"), expected, f"padded_attention ({key})")
+        close(tensor(value[key], expected.shape, f"padded_attention ({key})"), expected, f"padded_attention ({key})",
+              given=shapes(q=q, k=k, v=v, mask=mask), reference="tinytf.scaled_dot_product_attention")
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------

@@ -18,9 +18,9 @@ from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings
-from .validators import close, differs, has_keys, seconds, shape_of
+from .validators import close, differs, has_keys, seconds, shape_of, shapes
 
-__all__ = ["PROBES", "reference_parameter_count", "reference_head_weights", "diagnose"]
+__all__ = ["maps_sum_to_one", "PROBES", "reference_parameter_count", "reference_head_weights", "diagnose"]
 
 
 def reference_parameter_count(dim: int, heads: int, bias: bool = True) -> int:
@@ -70,12 +70,26 @@ def _judge_head_maps(value: Any, x: torch.Tensor, heads: int, qkv_weight: torch.
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), (
         f"per_head_weights must return [B, H, T, T] = {list(expected.shape)}"
     )
-    close(value, expected, "per_head_weights")
+    close(value, expected, "per_head_weights(mha, x)", given=shapes(x=x, heads=int(heads)),
+          reference="the softmax of each head's q kᵀ / sqrt(d_head)")
+
+
+def maps_sum_to_one(per_head_weights: Any, dim: int, heads: int, x: torch.Tensor) -> bool:
+    """Whether the student's ``per_head_weights`` (Task 3c) gives rows that sum to one on a fresh
+    ``tinytf.MultiHeadAttention(dim, heads)``: when it does not, Task 3d's results cannot either, and only
+    Task 3c loses points for it."""
+    from tinytf import MultiHeadAttention
+
+    with torch.no_grad():
+        w = per_head_weights(MultiHeadAttention(int(dim), int(heads)).to(x.device), x)
+    return bool(isinstance(w, torch.Tensor) and torch.isfinite(w).all()
+                and torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1)), atol=1e-4))
 
 
 @judge("ex03_results")
-def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor, formula: list | None = None) -> None:
-    """``formula``: the student's mha_parameter_count per head count (a wrong Task 3a costs Task 3a only)."""
+def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor, formula: list | None = None, maps_sum_to_one: bool = True) -> None:
+    """``formula``: the student's mha_parameter_count per head count, ``maps_sum_to_one``: whether the student's
+    per_head_weights gives rows that sum to one (a wrong Task 3a or 3c costs that task only)."""
     assert isinstance(value, dict) and sorted(value) == sorted(str(h) for h in heads), "results must have one entry per head count"
     b, t, _ = x.shape
     for i, h in enumerate(heads):
@@ -86,7 +100,7 @@ def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor, formula: 
         assert seconds(r["time_s"], f"results[{h}]['time_s']") < 1.0, f"results[{h}]['time_s'] is implausible"
         w = r["weights"]
         assert isinstance(w, torch.Tensor) and tuple(w.shape) == (b, int(h), t, t), f"results[{h}]['weights'] must be [B, {h}, T, T]"
-        assert bool(torch.isfinite(w).all()) and torch.allclose(w.sum(-1), torch.ones(b, int(h), t), atol=1e-4), (
+        assert not maps_sum_to_one or bool(torch.isfinite(w).all()) and torch.allclose(w.sum(-1), torch.ones(b, int(h), t), atol=1e-4), (
             f"results[{h}]['weights']: rows must sum to one"
         )
 
@@ -243,7 +257,9 @@ def _probe_results(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[
     value = {str(h): {"params": results[h]["params"], "time_s": float(results[h]["time_s"]), "weights": results[h]["weights"]}
              for h in heads}
     formula = [ns["mha_parameter_count"](ns["DIM"], h) for h in heads]
-    return value, {"heads": list(heads), "dim": ns["DIM"], "x": ns["x"], "formula": formula}
+    with torch.random.fork_rng(devices=[]):
+        rows_ok = maps_sum_to_one(ns["per_head_weights"], ns["DIM"], heads[0], ns["x"])
+    return value, {"heads": list(heads), "dim": ns["DIM"], "x": ns["x"], "formula": formula, "maps_sum_to_one": rows_ok}
 
 
 PROBES: dict[str, Probe] = {"ex03_param_count": _probe_count, "ex03_timing": _probe_timing, "ex03_head_maps": _probe_maps,

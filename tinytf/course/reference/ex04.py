@@ -8,6 +8,7 @@ submodule names as :class:`tinytf.TransformerBlock`), ``train_curve(block_factor
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -15,10 +16,10 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import Probe, call_student, check_parts, judge_findings
-from .validators import close, has_keys, number, tensor
+from . import Probe, call_student, check_parts, judge_findings, swapped, with_cause
+from .validators import close, differs, has_keys, number, shapes, tensor
 
-__all__ = ["PROBES", "reference_block_output", "same_curve", "diagnose"]
+__all__ = ["PROBES", "reference_block_output", "reference_init", "on_reference_init", "same_curve", "diagnose"]
 
 
 def reference_block_output(x: torch.Tensor, state: dict, dim: int, heads: int, max_tokens: int, expansion: int, norm: str) -> torch.Tensor:
@@ -30,6 +31,23 @@ def reference_block_output(x: torch.Tensor, state: dict, dim: int, heads: int, m
     block.eval()
     with torch.no_grad():
         return block(x.float())
+
+
+def reference_init(self: torch.nn.Module, dim: int, heads: int, max_tokens: int, expansion: int = 4) -> None:
+    """tinytf's ``PreNormBlock.__init__`` (Task 4a): the submodules norm1, attn, norm2, ffn of
+    :class:`tinytf.TransformerBlock`. Task 4b's tests build ``PostNormBlock`` with it (it inherits
+    ``__init__``), so a mistake in Task 4a costs only that task."""
+    from tinytf import TransformerBlock
+
+    torch.nn.Module.__init__(self)
+    block = TransformerBlock(dim, heads, max_tokens, expansion)
+    self.norm1, self.attn, self.norm2, self.ffn = block.norm1, block.attn, block.norm2, block.ffn
+
+
+def on_reference_init(namespace: dict[str, Any]) -> AbstractContextManager[None]:
+    """For the duration, the student's ``PreNormBlock`` (when it is a class) builds with :func:`reference_init`."""
+    pre = namespace.get("PreNormBlock")
+    return swapped(pre, __init__=reference_init) if isinstance(pre, type) else nullcontext()
 
 
 def same_curve(a: dict, b: dict, rel_tol: float = 1e-4) -> bool:
@@ -56,7 +74,9 @@ def _judge_block(value: Any, x: torch.Tensor, state: dict, dim: int, heads: int,
     expected = reference_block_output(x, state, dim, heads, max_tokens, expansion, norm)
     name = "PreNormBlock" if norm == "pre" else "PostNormBlock"
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), f"{name} must map [B, T, D] to [B, T, D]"
-    close(tensor(value, expected.shape, name), expected, name, reference=f"tinytf.TransformerBlock(norm='{norm}')")
+    close(tensor(value, expected.shape, name), expected, f"{name}(x)",
+          reference=f"tinytf.TransformerBlock(norm='{norm}') with the same weights",
+          given=shapes(x=x, dim=int(dim), heads=int(heads), expansion=int(expansion)))
 
 
 @judge("ex04_pre_block")
@@ -139,7 +159,8 @@ def _diagnose_block(name: str, cls: Any, norm: str) -> list[Finding]:
                         + ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))." if norm == "pre"
                            else "x = norm1(x + attn(x)); x = norm2(x + ffn(x))."))]
     return [Finding(Pitfall.GENERAL, f"{name} differs from tinytf.TransformerBlock(norm='{norm}')",
-                    "load that block's state_dict into yours and compare the outputs step by step (attn, ffn, norms).")]
+                    differs(f"{name}(x) with that block's weights", y, want_y, f"x {list(x.shape)}")
+                    + ". Compare the steps one by one (attn, ffn with GELU, the norms).")]
 
 
 def _diagnose_train(fn: Any) -> list[Finding]:
@@ -180,7 +201,8 @@ def _probe_block(cls_name: str, norm: str) -> Probe:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
             ref = TransformerBlock(dim, heads, tokens, expansion, norm=norm)
-            block = ns[cls_name](dim, heads, tokens, expansion)
+            with on_reference_init(ns) if norm == "post" else nullcontext():  # Task 4b on its own, as in its test
+                block = ns[cls_name](dim, heads, tokens, expansion)
         with torch.no_grad():  # random LayerNorm affine parameters too, so that every parameter matters
             for p in ref.parameters():
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
@@ -224,15 +246,14 @@ PROBES: dict[str, Probe] = {"ex04_pre_block": _probe_block("PreNormBlock", "pre"
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex04 code in ``namespace`` (empty when all looks right): the named
     problems, then the grader's judges on fresh inputs for every task without one. Never raises."""
-    by_task = {
-        "ex04_pre_block": check_parts(namespace, [("PreNormBlock", lambda cls: _diagnose_block("PreNormBlock", cls, "pre"))]),
-        "ex04_post_block": check_parts(namespace, [("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post"))]),
-        "ex04_train": check_parts(namespace, [("train_curve", _diagnose_train)]),
-    }
+    by_task = {"ex04_pre_block": check_parts(namespace, [("PreNormBlock", lambda cls: _diagnose_block("PreNormBlock", cls, "pre"))])}
+    with on_reference_init(namespace):  # Task 4b is judged on its own, as in its test
+        by_task["ex04_post_block"] = check_parts(namespace, [("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post"))])
+    by_task["ex04_train"] = check_parts(namespace, [("train_curve", _diagnose_train)])
     if "curves" not in namespace:
         by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, "curves is missing", "Run Task 4d's cell to fill curves.")]
-    elif by_task["ex04_train"]:
-        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, "curves inherits the train_curve problem",
-                                              "the comparison's test fails because `train_curve` above is wrong (fix Task 4c first).")]
     findings = [f for fs in by_task.values() for f in fs]
-    return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
+    judged = judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
+    if by_task["ex04_train"]:  # Task 4d's curves come from the student's train_curve: say so when they fail
+        judged = with_cause(judged, "ex04_comparison", "this fails because `train_curve` above is wrong (fix Task 4c first)")
+    return findings + judged

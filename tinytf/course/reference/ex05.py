@@ -7,8 +7,6 @@ Student code: ``attention(q, k, v, mask=None)``, ``CrossAttention(dim, heads)`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -16,10 +14,10 @@ import torch
 from tinytf.checks import Finding, Pitfall, found
 
 from ..judges import judge
-from . import Probe, call_student, check_parts, judge_findings, stub_or
-from .validators import close, float_inputs, has_keys, number, shape_of, tensor
+from . import Probe, call_student, check_parts, judge_findings, stub_or, swapped
+from .validators import close, differs, float_inputs, has_keys, number, shape_of, shapes, tensor
 
-__all__ = ["reference_cross", "swapped", "named_findings", "diagnose", "PROBES"]
+__all__ = ["reference_cross", "named_findings", "diagnose", "PROBES"]
 
 PROBE_KEYS = ("encoder_effect", "padding_leak")
 
@@ -48,7 +46,8 @@ def _judge_attention(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     q, k, v = float_inputs(q, k, v)
     for key, m in (("plain", None), ("masked", mask)):
         expected = scaled_dot_product_attention(q, k, v, m)
-        close(tensor(value[key], expected.shape, f"attention ({key})"), expected, f"attention ({key})", atol=1e-4)
+        close(tensor(value[key], expected.shape, f"attention ({key})"), expected, f"attention ({key})", atol=1e-4,
+              given=shapes(q=q, k=k, v=v, mask=m), reference="tinytf.scaled_dot_product_attention")
 
 
 @judge("ex05_cross")
@@ -58,7 +57,7 @@ def _judge_cross(value: Any, x: torch.Tensor, context: torch.Tensor, mask: torch
     for key, m in (("plain", None), ("masked", mask)):
         expected = reference_cross(x, context, m, heads, qkv_weight, qkv_bias, proj_weight, proj_bias)
         close(tensor(value[key], expected.shape, f"CrossAttention ({key})"), expected, f"CrossAttention ({key})", atol=1e-4,
-              reference="tinytf.MultiHeadAttention")
+              reference="tinytf.MultiHeadAttention", given=shapes(x=x, context=context, mask=m, heads=int(heads)))
 
 
 @judge("ex05_encdec")
@@ -115,11 +114,11 @@ def _diagnose_cross(cls: Any) -> list[Finding]:
 
 def _explain_difference(cross: Any, x: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor, expected: torch.Tensor) -> Finding:
     """Name what differs when CrossAttention runs but disagrees with tinytf.MultiHeadAttention."""
-    first = ", ".join(f"{float(z):.4f}" for z in expected[0, 0, :3])
     return Finding(Pitfall.GENERAL, "CrossAttention differs from the reference",
-                   f"with x [2, 3, 12], context [2, 5, 12] and the weights of tinytf.MultiHeadAttention, out[0, 0, :3] should be "
-                   f"[{first}], got [{', '.join(f'{float(z):.4f}' for z in out[0, 0, :3])}]. Check: q from x, k and v from context; "
-                   "split heads with view(B, T, H, d).transpose(1, 2); merge with transpose(1, 2).reshape(B, Tq, D); then out_proj.")
+                   differs("CrossAttention(x, context) with the weights of tinytf.MultiHeadAttention", out, expected,
+                           shapes(x=x, context=ctx))
+                   + ". Check: q from x, k and v from context; split heads with view(B, T, H, d).transpose(1, 2); "
+                   "merge with transpose(1, 2).reshape(B, Tq, D); then out_proj.")
 
 
 def _explain_crash(cross: Any, x: torch.Tensor, problem: Finding) -> Finding:
@@ -172,17 +171,6 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
 
 
 # ---- probes: the judges' inputs, drawn afresh on the student's machine --------------------------
-
-
-@contextmanager
-def swapped(namespace: dict[str, Any], **objects: Any) -> Iterator[None]:
-    """Bind ``objects`` in ``namespace`` for the duration (a later task runs on tinytf's earlier parts)."""
-    saved = {name: namespace.get(name) for name in objects}
-    namespace.update(objects)
-    try:
-        yield
-    finally:
-        namespace.update(saved)
 
 
 def _size(gen: torch.Generator, lo: int, hi: int) -> int:

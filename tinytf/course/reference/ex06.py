@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import Probe, call_student, judge_findings
-from .ex05 import named_findings, swapped
+from . import Probe, call_student, judge_findings, swapped
+from .ex05 import named_findings
 from .validators import has_keys, positive
 
 __all__ = ["reference_saved_bytes", "saved_bytes", "diagnose", "PROBES"]

@@ -19,7 +19,7 @@ from ..judges import judge
 from . import call_student, judge_findings
 from .ex05 import named_findings
 from .ex07_probes import PROBES
-from .validators import close, has_keys, shape_of, tensor
+from .validators import close, has_keys, shape_of, shapes, should_be, tensor
 
 __all__ = ["reference_two_step", "diagnose", "PROBES"]
 
@@ -73,7 +73,8 @@ def _judge_step(value: Any, x: torch.Tensor, prefill: int, heads: int, qkv_weigh
     with torch.no_grad():
         expected = attn(x.float())
     got = tensor(value, expected.shape, "the concatenated cached outputs")
-    close(got, expected, "cached attention", atol=1e-4, reference="recomputing the full sequence")
+    close(got, expected, "cached attention", atol=1e-4, reference="recomputing the full sequence",
+          given=shapes(x=x, heads=int(heads), prefill=int(prefill)))
 
 
 @judge("ex07_generate")
@@ -86,9 +87,11 @@ def _judge_generate(value: Any, prompt: torch.Tensor, config: dict[str, int], st
     ids, logits = reference_two_step(model.eval(), prompt)
     for suffix, what in (("", "generate_two_step (cached)"), ("_recompute", "generate_two_step_recompute")):
         got_logits = tensor(value[f"logits{suffix}"], logits.shape, f"{what} logits")
-        assert torch.allclose(got_logits, logits, atol=1e-4, rtol=1e-4), f"{what}: logits differ from recomputing the prefix"
+        assert torch.allclose(got_logits, logits, atol=1e-4, rtol=1e-4), (
+            f"{what}: logits differ from recomputing the prefix: {should_be(got_logits, logits, shapes(prompt=prompt))}")
         got_ids = tensor(value[f"ids{suffix}"], ids.shape, f"{what} ids", dtype=None)
-        assert torch.equal(got_ids.long(), ids), f"{what}: the generated tokens differ from greedy decoding"
+        assert torch.equal(got_ids.long(), ids), (
+            f"{what}: the generated tokens differ from greedy decoding: {should_be(got_ids, ids, shapes(prompt=prompt))}")
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------

@@ -18,9 +18,9 @@ import torch
 from tinytf.checks import Finding, Pitfall
 
 from ..judges import judge
-from . import call_student, judge_findings, stub_or
+from . import call_student, judge_findings, stub_or, with_cause
 from .ex05 import named_findings
-from .validators import has_keys, positive, shape_of
+from .validators import has_keys, positive, shape_of, shapes, should_be
 
 __all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose"]
 
@@ -120,8 +120,8 @@ def _judge_loss(value: Any, logits: torch.Tensor, ids: torch.Tensor, padded_ids:
         got = value[key]
         assert isinstance(got, torch.Tensor) and got.numel() == 1, f"next_char_loss ({key}) must return a scalar tensor"
         assert torch.allclose(got.float().reshape(()), expected, atol=1e-5), (
-            f"next_char_loss ({key}) differs from the shifted cross-entropy"
-        )
+            f"next_char_loss ({key}) differs from the shifted cross-entropy: "
+            f"{should_be(got, expected, shapes(logits=logits, ids=ids if key == 'plain' else padded_ids))}")
 
 
 @judge("ex08_lr")
@@ -162,7 +162,8 @@ def _judge_ckpt(value: Any, ids: torch.Tensor, config: dict, state_dict: dict) -
         expected = _model(config, state_dict)(ids)
     got = value["logits"]
     assert isinstance(got, torch.Tensor) and got.shape == expected.shape, "the restored model gives logits of the wrong shape"
-    assert torch.allclose(got.float(), expected, atol=1e-5, rtol=1e-5), "the restored model gives different logits"
+    assert torch.allclose(got.float(), expected, atol=1e-5, rtol=1e-5), (
+        f"the restored model gives different logits: {should_be(got, expected, shapes(ids=ids))}")
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -289,7 +290,7 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex08 code in ``namespace`` (empty when all looks right); never raises."""
     from tinytf.checks import diagnose_lm_loss
 
-    from .ex08_probes import PROBES
+    from .ex08_probes import PROBES, earlier_parts_wrong
 
     findings, covered = named_findings(namespace, [
         (("build_vocab", "encode", "decode"), "ex08_vocab", lambda *_: _diagnose_vocab(namespace)),
@@ -301,4 +302,10 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     if not callable(namespace.get("train")):
         findings.append(Finding(Pitfall.GENERAL, "train is missing", "Define train(...) in the notebook (keep its name and signature)."))
         covered.add("ex08_train")
-    return findings + judge_findings(namespace, PROBES, covered=covered)
+    judged = judge_findings(namespace, PROBES, covered=covered)
+    wrong = earlier_parts_wrong(namespace) if "ex08_train" not in covered else []
+    if wrong:  # the graded cell retrains on tinytf's versions: so does the probe (ex08_probes._probe_train)
+        names = ", ".join(f"`{name}`" for name in wrong)
+        judged = with_cause(judged, "ex08_train", f"train was judged with tinytf's {names}, because yours above "
+                                                  f"{'is' if len(wrong) == 1 else 'are'} wrong; this is train's own mistake")
+    return findings + judged

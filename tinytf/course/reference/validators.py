@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["FLOATING", "tensor", "close", "float_inputs", "bool_mask", "number", "positive", "seconds", "has_keys", "shape_of", "differs"]
+__all__ = ["FLOATING", "tensor", "close", "float_inputs", "bool_mask", "number", "positive", "seconds", "has_keys", "shape_of", "differs",
+           "should_be", "shapes"]
 
 FLOATING: Literal["floating"] = "floating"
 """``tensor(..., dtype=FLOATING)``: any floating-point dtype, every value finite (the default)."""
@@ -43,12 +44,13 @@ def tensor(value: Any, shape: Sequence[int] | None, what: str, *,
     return value
 
 
-def close(value: torch.Tensor, expected: torch.Tensor, what: str, *, atol: float = 1e-5, rtol: float = 1e-4,
+def close(value: torch.Tensor, expected: torch.Tensor, what: str, *, given: str = "", atol: float = 1e-5, rtol: float = 1e-4,
           reference: str = "the reference") -> None:
-    """``value`` has the shape of ``expected`` and agrees with it (compared in float32):
-    otherwise "``what`` differs from ``reference``"."""
+    """``value`` has the shape of ``expected`` and agrees with it (compared in float32): otherwise
+    "``what`` differs from ``reference``: for ``given`` (the input shapes) it should be … starting […]; yours is …"."""
     assert tuple(value.shape) == tuple(expected.shape), f"{what} has shape {list(value.shape)}, expected {list(expected.shape)}"
-    assert torch.allclose(value.float(), expected.float(), atol=atol, rtol=rtol), f"{what} differs from {reference}"
+    assert torch.allclose(value.float(), expected.float(), atol=atol, rtol=rtol), (
+        f"{what} differs from {reference}: {should_be(value, expected, given)}")
 
 
 def float_inputs(*xs: Any, what: str = "the recorded inputs") -> list[torch.Tensor]:
@@ -98,11 +100,25 @@ def has_keys(value: Any, keys: Iterable[str], what: str = "the record") -> dict:
 def differs(what: str, got: Any, want: torch.Tensor, given: str) -> str:
     """A message saying exactly what differs: ``what`` for ``given`` (the input shapes) should be ``want``'s
     shape starting with its first entries; the student's shape and first entries follow."""
+    return f"{what} {should_be(got, want, given)}"
+
+
+def should_be(got: Any, want: torch.Tensor, given: str = "") -> str:
+    """``"for q [2, 5, 8] should be [2, 5, 7] starting [0.1, …]; yours is [2, 5, 7] starting […]"``
+    (without ``given``: from "should be" on)."""
     def head(t: torch.Tensor) -> str:
         return ", ".join(f"{float(x):.4g}" for x in t.detach().reshape(-1)[:4].float()) + (", …" if t.numel() > 4 else "")
 
     mine = f"{shape_of(got)} starting [{head(got)}]" if isinstance(got, torch.Tensor) else shape_of(got)
-    return f"{what} for {given} should be {list(want.shape)} starting [{head(want)}]; yours is {mine}"
+    where = f"for {given} " if given else ""
+    return f"{where}should be {list(want.shape)} starting [{head(want)}]; yours is {mine}"
+
+
+def shapes(**inputs: Any) -> str:
+    """The inputs a message is about: ``shapes(q=q, k=k, heads=2, mask=None)`` -> ``"q [2, 5, 8], k [2, 7, 8], heads 2"``
+    (``None`` left out)."""
+    return ", ".join(f"{name} {list(x.shape)}" if isinstance(x, torch.Tensor) else f"{name} {x}"
+                     for name, x in inputs.items() if x is not None)
 
 
 def shape_of(value: Any) -> list[int] | str:
