@@ -31,7 +31,7 @@ NBVAL      = -p no:cacheprovider --nbval-lax --nbval-current-env $(XDIST)
 # oversubscribe the CPU and slow tiny-tensor notebooks many times over.
 THREADS_ENV = $(if $(filter-out 1,$(JOBS)),OMP_NUM_THREADS=1)
 
-.PHONY: help setup lab lab-instructor test lint unit notebooks clean run test-cuda test-ui bench release grade
+.PHONY: help setup lab lab-instructor book test-book test lint unit notebooks clean run test-cuda test-ui bench release grade
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -61,7 +61,7 @@ lint: $(SETUP) ## ruff on the package, tests and notebooks
 	$(PYTHON) -m ruff check .
 
 unit: $(SETUP) ## unit tests (tests/)
-	$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile --durations=10 -m "not ui" --ignore=tests/ui tests
+	$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile --durations=10 -m "not ui and not book" --ignore=tests/ui tests
 
 notebooks: $(SETUP) ## execute every chapter and solution notebook with nbval (CPU)
 	@if [ -n "$(strip $(NOTEBOOKS) $(SOLUTIONS))" ]; then \
@@ -104,11 +104,17 @@ export CUDA_CHECK
 
 test-cuda: $(SETUP) ## unit tests + every notebook on the GPU (TINYTF_DEVICE=cuda); fails clearly without CUDA
 	@$(PYTHON) -c "$$CUDA_CHECK"
-	TINYTF_DEVICE=cuda $(PYTHON) -m pytest -q $(XDIST) -m "not ui" --ignore=tests/ui tests
+	TINYTF_DEVICE=cuda $(PYTHON) -m pytest -q $(XDIST) -m "not ui and not book" --ignore=tests/ui tests
 	$(MAKE) --no-print-directory notebooks DEVICE=cuda PYTHON=$(PYTHON)
 
 test-ui: $(SETUP) ## real-browser test: JupyterLab + Chromium (Playwright) drive chapter 01's attention explorer
 	env -u TINYTF_HEADLESS $(PYTHON) -m pytest -q -p no:cacheprovider -m ui tests/ui
+
+book: $(SETUP) ## the book: every chapter executed (reusing build/executed/), both languages, offline, in build/book/
+	$(PYTHON) -m tinytf.course.book --jobs $(JOBS)
+
+test-book: $(SETUP) ## open every page of build/book/ in Chromium, outside requests blocked (run make book first)
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m book tests/ui/test_book.py
 
 BENCHES := $(sort $(wildcard benchmarks/*.py))
 

@@ -173,6 +173,26 @@ def hidden_tokens(solution: dict, *, feedback: bool = False) -> set[str]:
     return tokens
 
 
+def solution_only_lines(solution: dict) -> set[str]:
+    """Distinctive lines (>= 10 chars, not just words) of the solution regions that appear nowhere
+    outside them: what must never reach a student (released exercises, the book)."""
+    import re
+
+    inside, outside, on = [], [], False
+    for cell in solution["cells"]:
+        for line in src(cell).split("\n"):
+            if "### BEGIN SOLUTION" in line:
+                on = True
+            elif "### END SOLUTION" in line:
+                on = False
+            elif on:
+                inside.append(line.strip())
+            else:
+                outside.append(line)
+    rest = "\n".join(outside)
+    return {line for line in inside if len(line) >= 10 and line not in rest and not re.fullmatch(r"[#\s\w]*", line)}
+
+
 def leaks(text: str, tokens: set[str]) -> list[str]:
     """The tokens found in ``text`` (identifiers as whole words)."""
     import re

@@ -4,7 +4,6 @@ released exercises, run untouched, fail their tests cleanly (NotImplementedError
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import _coursekit as K
@@ -71,21 +70,6 @@ def test_committed_exercises_are_exactly_a_fresh_release(tmp_path, lang):
         assert (REPO / out / path.name).read_bytes() == path.read_bytes(), f"{out}/{path.name} is stale: run `make release`"
 
 
-def _solution_lines(nb: dict) -> tuple[list[str], str]:
-    inside, outside, on = [], [], False
-    for cell in nb["cells"]:
-        for line in K.src(cell).split("\n"):
-            if "### BEGIN SOLUTION" in line:
-                on = True
-            elif "### END SOLUTION" in line:
-                on = False
-            elif on:
-                inside.append(line.strip())
-            else:
-                outside.append(line)
-    return inside, "\n".join(outside)
-
-
 @pytest.mark.skipif(not RELEASED, reason="no released exercises yet")
 @pytest.mark.parametrize("ex", KEYS, ids=_key_id)
 def test_nothing_of_a_solution_or_a_hidden_test_is_released(ex):
@@ -96,9 +80,7 @@ def test_nothing_of_a_solution_or_a_hidden_test_is_released(ex):
         assert marker not in text
     hidden = K.hidden_tokens(sol)
     assert not K.leaks(text, hidden), K.leaks(text, hidden)[:5]
-    inside, outside = _solution_lines(sol)
-    unique = {line for line in inside if len(line) >= 10 and line not in outside and not re.fullmatch(r"[#\s\w]*", line)}
-    leaked = sorted(line for line in unique if line in text)
+    leaked = sorted(line for line in K.solution_only_lines(sol) if line in text)
     assert not leaked, leaked[:5]
     # every test cell of the solution is in the release, locked, with the same points
     tests = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"] for c in sol["cells"]

@@ -18,12 +18,19 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..language import notebook_language
+
 __all__ = ["is_headless", "interactive_figure", "HEADLESS_ENV", "figure_or_message", "message_figure", "render_png",
-           "choices", "remember", "recall", "LiveFigure"]
+           "choices", "remember", "recall", "LiveFigure", "STATIC_NOTE", "STATIC_NOTE_ZH"]
 
 HEADLESS_ENV = "TINYTF_HEADLESS"
 
 _PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Figure -> its updatable artists
+
+
+# printed above the static figure of a widget (papermill, nbval, CI, the book)
+STATIC_NOTE = "A static figure: run this notebook in JupyterLab for the live controls."
+STATIC_NOTE_ZH = "这是一张静态图：在 JupyterLab 中运行这个 notebook，就能使用可交互的控件。"
 
 
 def is_headless() -> bool:
@@ -179,6 +186,7 @@ def interactive_figure(
 
     if is_headless():
         fig = figure_or_message(figure_fn, **values())
+        print(STATIC_NOTE_ZH if notebook_language() == "zh" else STATIC_NOTE)
         _show(fig)
         return fig
 
