@@ -1,0 +1,306 @@
+"""The online-softmax stepper: one query row of :func:`tinytf.tiled_attention`, one key tile at a time.
+
+Pure part (testable without a browser):
+
+* :func:`online_softmax_trace` runs the tiled forward for the query block that holds ``row`` on
+  seeded q, k, v ``[1, 1, T, d]`` — the same tiles, masks and updates as :func:`tinytf.tiled_attention`
+  — and records the row's running maximum ``m``, running sum ``l`` and output ``acc / l`` after
+  every key tile, next to the exact answer and the grid of computed/skipped tiles;
+* :func:`online_softmax_figure` draws one step of it: the row's scores with the tiles seen so far,
+  ``m`` and ``l`` per step, the output row against the exact one, the error per step, and the
+  tile grid; :func:`update_online_softmax_figure` redraws it in place.
+
+Front end: :func:`online_softmax_stepper` (row slider, step slider with a play button, causal
+toggle) through :func:`tinytf.viz.interactive_figure`; the static figure when headless.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..attention import scaled_dot_product_attention
+from ..tiled import TileStats, _keys_needed, _scores, _tile_mask, online_softmax_finish, online_softmax_update, tiled_attention
+from ._front import interactive_figure, recall, remember
+
+__all__ = ["SoftmaxTrace", "online_softmax_trace", "tile_steps", "online_softmax_figure", "update_online_softmax_figure",
+           "online_softmax_stepper", "GRID_STATES"]
+
+# the tile grid's cell states, in colour-map order
+GRID_STATES = ("skipped", "computed (other query blocks)", "done for this row", "current tile", "still to come")
+_GRID_COLORS = ("#eeeeee", "#c6d7ea", "#4c72b0", "#dd8452", "#9fb7d6")
+_FLOOR = 1e-10  # errors of exactly 0 are drawn here on the log axis
+Q_STD = 2.0  # queries ~ N(0, 2²): a peaked softmax, so the running maximum visibly jumps
+
+
+@dataclass
+class SoftmaxTrace:
+    """What the online softmax did for one query row (n = key tiles its query block computed).
+
+    ``scores [T]`` the row's scaled scores (``-inf`` where causally masked); ``tiles`` the key ranges
+    ``(k0, k1)`` in order; ``m, l [n]`` and ``out [n, d]`` after each tile; ``seen [n, d]`` the exact
+    attention over the keys seen so far; ``exact [d]`` the explicit answer; ``grid [q_blocks, k_blocks]``
+    True where a tile is computed; ``stats`` the :class:`tinytf.TileStats` of the whole call.
+    """
+
+    row: int
+    block_q: int
+    block_k: int
+    causal: bool
+    scores: torch.Tensor
+    tiles: list[tuple[int, int]]
+    m: torch.Tensor
+    l: torch.Tensor  # noqa: E741 - the running sum, named as in the FlashAttention papers
+    out: torch.Tensor
+    seen: torch.Tensor
+    exact: torch.Tensor
+    grid: torch.Tensor
+    stats: TileStats
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _check(row: int, tokens: int, block_q: int, block_k: int, head_dim: int) -> None:
+    for name, val in (("T", tokens), ("block_k", block_k), ("block_q", block_q), ("d", head_dim)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"{name} must be a positive integer, got {name}={val!r}")
+    if not 0 <= row < tokens:
+        raise ValueError(f"row must lie in [0, {tokens - 1}] for T={tokens}, got row={row}")
+
+
+def tile_steps(row: int, tokens: int, block_q: int, block_k: int, causal: bool) -> int:
+    """Key tiles the query block holding ``row`` computes (the stepper's number of steps)."""
+    q1 = min((row // block_q + 1) * block_q, tokens)
+    return math.ceil(_keys_needed(q1, tokens, tokens, causal) / block_k)
+
+
+def online_softmax_trace(row: int = 37, *, T: int = 64, block_k: int = 8, block_q: int | None = None, causal: bool = True,
+                         d: int = 8, seed: int = 0) -> SoftmaxTrace:
+    """Run the tiled forward on seeded q, k, v ``[1, 1, T, d]`` and record row ``row`` after each key tile.
+
+    The query block holding ``row`` is processed exactly as :func:`tinytf.tiled_attention` does it
+    (same slices, masks and :func:`tinytf.online_softmax_update` calls), so ``out[-1]`` is the
+    library's output for that row. ``block_q`` defaults to ``block_k``.
+    """
+    bq = block_k if block_q is None else block_q
+    _check(row, T, bq, block_k, d)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = torch.randn(1, 1, T, d, generator=g) * Q_STD, torch.randn(1, 1, T, d, generator=g), torch.randn(1, 1, T, d, generator=g)
+    q0, q1, r = row // bq * bq, min(row // bq * bq + bq, T), row % bq
+    q_i = q[..., q0:q1, :] * (1.0 / math.sqrt(d))  # the scaled query block, as the library scales it
+    m = torch.full((1, 1, q1 - q0, 1), float("-inf"))
+    l, acc = torch.zeros_like(m), torch.zeros(1, 1, q1 - q0, d)  # noqa: E741
+    tiles, ms, ls, outs = [], [], [], []
+    with torch.no_grad():
+        for k0 in range(0, _keys_needed(q1, T, T, causal), block_k):
+            k1 = min(k0 + block_k, T)
+            s = _scores(q_i, k[..., k0:k1, :], _tile_mask(None, causal, (q0, q1), (k0, k1), 0, q.device))
+            m, l, acc = online_softmax_update(m, l, acc, s, v[..., k0:k1, :])  # noqa: E741
+            tiles.append((k0, k1))
+            ms.append(m[0, 0, r, 0])
+            ls.append(l[0, 0, r, 0])
+            outs.append(online_softmax_finish(m, l, acc)[0][0, 0, r])
+        allowed = torch.arange(T) <= row if causal else torch.ones(T, dtype=torch.bool)
+        scores = (q_i[0, 0, r] @ k[0, 0].T).masked_fill(~allowed, float("-inf"))  # [T]
+        exact = scaled_dot_product_attention(q, k, v, is_causal=causal)[0, 0, row]
+        seen = torch.stack([torch.softmax(scores[:k1], -1) @ v[0, 0, :k1] for _, k1 in tiles])  # [n, d]
+        _, stats = tiled_attention(q, k, v, is_causal=causal, block_q=bq, block_k=block_k, return_stats=True)
+    qb = torch.arange(stats.q_blocks)
+    needed = torch.tensor([_keys_needed(min((i + 1) * bq, T), T, T, causal) for i in qb.tolist()])
+    grid = torch.arange(stats.k_blocks)[None, :] * block_k < needed[:, None]  # [q_blocks, k_blocks]
+    return SoftmaxTrace(row, bq, block_k, causal, scores, tiles, torch.stack(ms), torch.stack(ls), torch.stack(outs), seen,
+                        exact, grid, stats, (q, k, v))
+
+
+@dataclass
+class _StepperParts:
+    """The artists :func:`update_online_softmax_figure` changes, and the structure they were built for."""
+
+    key: tuple  # (T, block_q, block_k, d): another value needs another figure
+    axes: dict
+    bars: Any  # [T] score bars
+    masked: Any  # crosses at the masked keys
+    skipped: Any  # the shaded span of keys in skipped tiles
+    m_line: Any
+    lines: dict  # name -> (faded full trajectory, solid up to the step)
+    out_bars: Any  # [d]
+    exact_pts: Any
+    now: list  # vertical "current step" lines on the per-step axes
+    grid: Any
+    grid_box: Any  # outline of the row's query block
+    title: Any
+
+
+def _layout(key: tuple) -> tuple[Any, _StepperParts]:
+    """Five axes: scores (top, wide), tile grid (top right), m and l, output row, error (bottom)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch, Rectangle
+
+    t, bq, bk, d = key
+    fig = plt.figure(figsize=(13, 7))
+    gs = fig.add_gridspec(2, 3, width_ratios=(1, 1, 0.9), left=0.06, right=0.85, bottom=0.08, top=0.88, wspace=0.38, hspace=0.4)
+    ax = {"scores": fig.add_subplot(gs[0, :2]), "grid": fig.add_subplot(gs[0, 2]), "stats": fig.add_subplot(gs[1, 0]),
+          "out": fig.add_subplot(gs[1, 1]), "err": fig.add_subplot(gs[1, 2])}
+    ax["l"] = ax["stats"].twinx()
+    bars = ax["scores"].bar(range(t), np.zeros(t), width=0.8)
+    masked = ax["scores"].scatter([], [], marker="x", color="#8c8c8c", s=18, label="masked (future) key")
+    skipped = ax["scores"].axvspan(t, t, color="#eeeeee", zorder=0, label="keys of skipped tiles")
+    m_line = ax["scores"].axhline(0, color="#c44e52", ls="--", lw=1.2, label="running max m")
+    for b in range(0, t + 1, bk):
+        ax["scores"].axvline(b - 0.5, color="#8c8c8c", lw=0.6, alpha=0.6)
+    ax["scores"].set(xlim=(-0.5, t - 0.5), xlabel="key position (grey lines: tile boundaries)", ylabel="scaled score")
+    ax["scores"].legend(handles=[Patch(color=_GRID_COLORS[2], label="keys seen"), Patch(color=_GRID_COLORS[3], label="current tile"),
+                                 Patch(color=_GRID_COLORS[4], label="still to come"), masked, skipped, m_line], fontsize=7, ncol=6,
+                        loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
+    lines = {"m": ax["stats"].plot([], [], color="#c44e52", alpha=0.25)[0], "l": ax["l"].plot([], [], color="#55a868", alpha=0.25)[0],
+             "err": ax["err"].plot([], [], color="#4c72b0", alpha=0.25)[0], "seen": ax["err"].plot([], [], color="#dd8452", alpha=0.25)[0]}
+    labels = {"m": "m (running max)", "l": "l (running sum)", "err": "vs the exact answer", "seen": "vs attention over keys seen so far"}
+    colors = {"m": "#c44e52", "l": "#55a868", "err": "#4c72b0", "seen": "#dd8452"}
+    target = {"m": ax["stats"], "l": ax["l"], "err": ax["err"], "seen": ax["err"]}
+    lines = {n: (faded, target[n].plot([], [], marker="o", color=colors[n], ms=4, label=labels[n], ls="--" if n == "seen" else "-")[0])
+             for n, faded in lines.items()}
+    ax["stats"].set(xlabel="key tiles processed", ylabel="m")
+    ax["l"].set_ylabel("l")
+    ax["stats"].legend(handles=[lines["m"][1], lines["l"][1]], fontsize=7, loc="lower right")
+    ax["err"].set(yscale="log", xlabel="key tiles processed", ylabel=f"max |acc/l − target| (0 drawn at {_FLOOR:g})")
+    ax["err"].legend(fontsize=7, loc="lower left")
+    out_bars = ax["out"].bar(range(d), np.zeros(d), color="#4c72b0", label="acc / l now")
+    exact_pts = ax["out"].scatter(range(d), np.zeros(d), marker="_", s=300, color="black", zorder=3, label="exact output")
+    ax["out"].axhline(0, color="black", lw=0.6)
+    ax["out"].set(xlabel="output feature", ylabel="value", xticks=range(d))
+    ax["out"].legend(fontsize=7, loc="lower left")
+    now = [a.axvline(1, color="#8c8c8c", lw=0.8) for a in (ax["stats"], ax["err"])]
+    nq, nk = math.ceil(t / bq), math.ceil(t / bk)
+    grid = ax["grid"].imshow(np.zeros((nq, nk)), cmap=ListedColormap(_GRID_COLORS), vmin=-0.5, vmax=len(GRID_STATES) - 0.5)
+    box = ax["grid"].add_patch(Rectangle((-0.5, -0.5), nk, 1, fill=False, edgecolor="black", lw=1.5))
+    ax["grid"].set(xlabel=f"key block ({bk} keys)", ylabel=f"query block ({bq} rows)")
+    ax["grid"].legend(handles=[Patch(color=c, label=s) for c, s in zip(_GRID_COLORS, GRID_STATES)], fontsize=7,
+                      loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    title = fig.suptitle("", fontsize=10, y=0.995)
+    return fig, _StepperParts(key, ax, bars, masked, skipped, m_line, lines, out_bars, exact_pts, now, grid, box, title)
+
+
+def _grid_states(trace: SoftmaxTrace, step: int) -> Any:
+    """The tile grid as indices into :data:`GRID_STATES` ``[q_blocks, k_blocks]``."""
+    states = trace.grid.long()  # 0 skipped, 1 computed
+    qb = trace.row // trace.block_q
+    for j in range(len(trace.tiles)):
+        states[qb, j] = 2 if j < step - 1 else 3 if j == step - 1 else 4
+    return states.numpy()
+
+
+def _fill(parts: _StepperParts, trace: SoftmaxTrace, step: int) -> None:
+    """Put ``trace`` at ``step`` (tiles processed, 1 … n) into the artists."""
+    import numpy as np
+
+    n, s = len(trace.tiles), trace.scores.numpy()
+    k0, k1 = trace.tiles[step - 1]
+    ok = np.isfinite(s)
+    for j, bar in enumerate(parts.bars):
+        bar.set_height(s[j] if ok[j] else 0.0)
+        bar.set_color(_GRID_COLORS[2] if j < k0 else _GRID_COLORS[3] if j < k1 else _GRID_COLORS[4])
+    parts.masked.set_offsets(np.c_[np.nonzero(~ok)[0], np.zeros((~ok).sum())])
+    end = trace.tiles[-1][1]
+    parts.skipped.set_x(end - 0.5)
+    parts.skipped.set_width(len(s) - end)
+    m, out = float(trace.m[step - 1]), trace.out[step - 1].numpy()
+    parts.m_line.set_ydata([m, m])
+    parts.axes["scores"].set_ylim(min(s[ok].min(), 0) - 0.3, s[ok].max() + 0.6)
+    xs = np.arange(1, n + 1)
+    err = np.maximum((trace.out - trace.exact).abs().amax(-1).numpy(), _FLOOR)
+    seen = np.maximum((trace.out - trace.seen).abs().amax(-1).numpy(), _FLOOR)
+    for name, ys in (("m", trace.m.numpy()), ("l", trace.l.numpy()), ("err", err), ("seen", seen)):
+        faded, solid = parts.lines[name]
+        faded.set_data(xs, ys)
+        solid.set_data(xs[:step], ys[:step])
+    for a, ys in ((parts.axes["stats"], trace.m.numpy()), (parts.axes["l"], trace.l.numpy())):
+        pad = 0.1 * (ys.max() - ys.min()) + 0.05
+        a.set(xlim=(0.5, n + 0.5), ylim=(ys.min() - pad, ys.max() + pad))
+    parts.axes["err"].set(xlim=(0.5, n + 0.5), ylim=(_FLOOR / 3, max(err.max(), seen.max()) * 3))
+    for line in parts.now:
+        line.set_xdata([step, step])
+    for bar, y in zip(parts.out_bars, out):
+        bar.set_height(y)
+    parts.exact_pts.set_offsets(np.c_[np.arange(len(out)), trace.exact.numpy()])
+    both = np.r_[trace.out.numpy().ravel(), trace.exact.numpy()]
+    parts.axes["out"].set_ylim(min(both.min(), 0) * 1.15 - 0.05, max(both.max(), 0) * 1.15 + 0.05)
+    parts.grid.set_data(_grid_states(trace, step))
+    parts.grid_box.set_y(trace.row // trace.block_q - 0.5)
+    st = trace.stats
+    parts.axes["grid"].set_title(f"{st.computed} computed, {st.skipped} skipped of {st.total} tiles", fontsize=9, y=1.0)
+    parts.title.set_text(f"query row {trace.row} ({'causal' if trace.causal else 'no mask'}): after key tile {step} of {n} "
+                         f"(keys {k0}–{k1 - 1}): m = {m:.3f}, l = {float(trace.l[step - 1]):.3f}, "
+                         f"max |acc/l − exact| = {float((trace.out[step - 1] - trace.exact).abs().max()):.2e}")
+
+
+def _step(trace: SoftmaxTrace, step: int | None) -> int:
+    n = len(trace.tiles)
+    step = n if step is None else step
+    if not 1 <= step <= n:
+        raise ValueError(f"step must lie in [1, {n}]: query row {trace.row}'s block computes {n} key tiles, got step={step}")
+    return step
+
+
+def online_softmax_figure(row: int = 37, *, step: int | None = None, T: int = 64, block_k: int = 8, block_q: int | None = None,
+                          causal: bool = True, d: int = 8, seed: int = 0) -> Any:
+    """One step of the online softmax for query row ``row`` (a matplotlib Figure; nothing is shown).
+
+    ``step`` = key tiles processed so far, 1 … n (default n: the finished row). See
+    :func:`online_softmax_trace` for the other options; :func:`update_online_softmax_figure` redraws it.
+    """
+    trace = online_softmax_trace(row, T=T, block_k=block_k, block_q=block_q, causal=causal, d=d, seed=seed)
+    step = _step(trace, step)
+    fig, parts = _layout((T, trace.block_q, block_k, d))
+    _fill(parts, trace, step)  # the layout is fixed by the grid spec: no tight_layout pass (it costs more than the drawing)
+    return remember(fig, parts)
+
+
+def update_online_softmax_figure(fig: Any, row: int = 37, *, step: int | None = None, T: int = 64, block_k: int = 8,
+                                 block_q: int | None = None, causal: bool = True, d: int = 8, seed: int = 0) -> bool:
+    """Redraw an :func:`online_softmax_figure` in place (same keywords).
+
+    Returns False, leaving ``fig`` unchanged, when ``T``, the blocks or ``d`` differ or ``fig`` is no
+    stepper figure; raises ``ValueError`` like :func:`online_softmax_figure`, before any change.
+    """
+    trace = online_softmax_trace(row, T=T, block_k=block_k, block_q=block_q, causal=causal, d=d, seed=seed)
+    step = _step(trace, step)
+    parts = recall(fig)
+    if not isinstance(parts, _StepperParts) or parts.key != (T, trace.block_q, block_k, d):
+        return False
+    _fill(parts, trace, step)
+    return True
+
+
+def online_softmax_stepper(row: int = 37, *, step: int | None = None, T: int = 64, block_k: int = 8, block_q: int | None = None,
+                           causal: bool = True, d: int = 8, seed: int = 0) -> Any:
+    """Interactive :func:`online_softmax_figure`: query row, key tiles processed (slider + play), causal.
+
+    In JupyterLab this shows live controls and returns the ipywidgets container; when headless
+    (``TINYTF_HEADLESS=1``, papermill, nbval, CI) it shows the static figure and returns it.
+    """
+    import ipywidgets as widgets
+
+    bq = block_k if block_q is None else block_q
+    _check(row, T, bq, block_k, d)
+    n = tile_steps(row, T, bq, block_k, causal)
+    step = _step(online_softmax_trace(row, T=T, block_k=block_k, block_q=bq, causal=causal, d=d, seed=seed), step)
+    controls = {
+        "row": widgets.IntSlider(value=row, min=0, max=T - 1, description="query row", continuous_update=False),
+        "step": widgets.IntSlider(value=step, min=1, max=n, description="key tiles", continuous_update=False),
+        "causal": widgets.Checkbox(value=causal, description="causal mask"),
+    }
+    play = widgets.Play(value=step, min=1, max=n, interval=800, description="play")
+    widgets.jslink((play, "value"), (controls["step"], "value"))
+
+    def sync_steps(_change: dict) -> None:  # the row's block decides how many tiles there are; runs before the redraw
+        steps = tile_steps(controls["row"].value, T, bq, block_k, controls["causal"].value)
+        controls["step"].max = play.max = steps
+
+    for name in ("row", "causal"):
+        controls[name].observe(sync_steps, names="value")
+    return interactive_figure(online_softmax_figure, controls, fixed={"T": T, "block_k": block_k, "block_q": bq, "d": d, "seed": seed},
+                              update_fn=update_online_softmax_figure, layout=lambda boxes: widgets.HBox([play, *boxes]))
