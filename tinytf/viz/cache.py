@@ -5,8 +5,8 @@
 (``kv_heads = H`` for multi-head attention; a grouped-query model stores fewer, a sliding window of
 W tokens caps T at W.) :func:`cache_figure` is pure (arguments in, matplotlib Figure out) and
 :func:`update_cache_figure` redraws one in place; :func:`cache_explorer` adds ipywidgets controls
-(B, layers, H, K/V heads, window, d_head, dtype, memory already taken by the weights) through :func:`tinytf.viz.interactive_figure`, or shows the
-static figure when headless.
+(B, layers, H, K/V heads, window, d_head, dtype, memory already taken by the weights) through
+:func:`tinytf.viz.interactive_figure`, or shows the static figure when headless.
 """
 
 from __future__ import annotations
