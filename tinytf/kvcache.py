@@ -16,8 +16,6 @@ import warnings
 
 import torch
 
-from .rolling import RollingKVCache
-
 __all__ = ["KVCache", "generate"]
 
 
@@ -78,22 +76,28 @@ class KVCache:
         """Forget every token (the buffers are kept and simply overwritten by the next prefill)."""
         self.lengths = [0] * len(self.lengths)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write new k/v ``[B, h, t, d_head]`` for ``layer``; return all cached ``[B, h, past + t, d_head]`` (h = kv_heads)."""
+    def _check(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """``ValueError`` unless ``layer`` exists and k/v ``[B, kv_heads, t, d_head]`` fit the buffers (dtype, device too)."""
+        name = type(self).__name__
         if not 0 <= layer < len(self.lengths):
-            raise ValueError(f"KVCache has {len(self.lengths)} layers, got layer={layer}")
-        _, b, h, cap, d = self.k.shape
+            raise ValueError(f"{name} has {len(self.lengths)} layers, got layer={layer}")
+        _, b, h, _, d = self.k.shape
         if k.shape != v.shape or k.dim() != 4 or (k.size(0), k.size(1), k.size(3)) != (b, h, d):
             raise ValueError(
-                f"KVCache expects k and v of shape [B={b}, kv_heads={h}, t, d_head={d}], got k {list(k.shape)}, "
+                f"{name} expects k and v of shape [B={b}, kv_heads={h}, t, d_head={d}], got k {list(k.shape)}, "
                 f"v {list(v.shape)}. Build the cache with the model's batch size, kv_heads and head width "
-                "(KVCache.for_model(model, batch) reads them from the model)."
+                f"({name}.for_model(model, batch) reads them from the model)."
             )
         if k.dtype != self.k.dtype or k.device != self.k.device:
             raise ValueError(
-                f"KVCache holds {self.k.dtype} on {self.k.device} but got k/v {k.dtype} on {k.device}. "
-                "Build the cache after moving the model: KVCache.for_model(model, batch) copies its dtype and device."
+                f"{name} holds {self.k.dtype} on {self.k.device} but got k/v {k.dtype} on {k.device}. "
+                f"Build the cache after moving the model: {name}.for_model(model, batch) copies its dtype and device."
             )
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new k/v ``[B, h, t, d_head]`` for ``layer``; return all cached ``[B, h, past + t, d_head]`` (h = kv_heads)."""
+        self._check(layer, k, v)
+        cap = self.max_tokens
         past, t = self.lengths[layer], k.size(2)
         if past + t > cap:
             raise ValueError(
@@ -167,6 +171,8 @@ def generate(
                f"table has {limit} rows)." if window is not None else "."),
             stacklevel=2,
         )
+    from .rolling import RollingKVCache  # a subclass of KVCache: imported here, not at module level
+
     was_training = model.training
     model.eval()
     try:

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import torch
 
+from .kvcache import KVCache
 from .masks import check_window
 
 __all__ = ["RollingKVCache"]
 
 
-class RollingKVCache:
-    """Per-layer ring buffers ``[B, kv_heads, window, d_head]``; ``lengths[layer]`` counts every token written."""
+class RollingKVCache(KVCache):
+    """Per-layer ring buffers ``[B, kv_heads, window, d_head]``; ``lengths[layer]`` counts every token written.
+
+    A :class:`tinytf.KVCache` whose buffers hold ``window`` tokens (``max_tokens`` is the window) and
+    whose :meth:`update` overwrites the oldest slot instead of overflowing."""
 
     def __init__(
         self,
@@ -36,18 +40,11 @@ class RollingKVCache:
         device: torch.device | str | None = None,
     ) -> None:
         """``heads`` is the number of K/V heads stored (the model's ``kv_heads``)."""
-        for name, val in (("layers", layers), ("batch", batch), ("heads", heads), ("head_dim", head_dim)):
-            if val < 1:
-                raise ValueError(f"RollingKVCache: {name} must be positive, got {val}")
         self.window = check_window(window)
-        shape = (layers, batch, heads, self.window, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)  # views [B, kv_heads, window, d_head]
-        self.lengths = [0] * layers
+        super().__init__(layers, batch, heads, self.window, head_dim, dtype=dtype, device=device)
 
     @classmethod
-    def for_model(cls, model, batch: int) -> RollingKVCache:
+    def for_model(cls, model, batch: int) -> RollingKVCache:  # type: ignore[override]
         """A cache of ``model.config.window`` tokens for a :class:`tinytf.TinyLanguageModel` (its dtype and device)."""
         window = model.config.window
         if window is None:
@@ -58,44 +55,6 @@ class RollingKVCache:
         p = next(model.parameters())
         attn = model.blocks[0].attn
         return cls(len(model.blocks), batch, attn.kv_heads, window, attn.head_dim, dtype=p.dtype, device=p.device)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """``(layers, B, kv_heads, window, d_head)``."""
-        return tuple(self.k.shape)
-
-    @property
-    def max_tokens(self) -> int:
-        """Tokens held at once per layer (the window); the number written is unbounded."""
-        return self.window
-
-    @property
-    def seen(self) -> int:
-        """Tokens written to every layer (the absolute position of the next token)."""
-        return min(self.lengths)
-
-    def nbytes(self) -> int:
-        """Bytes held by both buffers: ``2 · layers · B · kv_heads · window · d_head · element size``, whatever ``seen``."""
-        return self.k.numel() * self.k.element_size() * 2
-
-    def reset(self) -> None:
-        """Forget every token (the buffers are kept and overwritten)."""
-        self.lengths = [0] * len(self.lengths)
-
-    def _check(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        if not 0 <= layer < len(self.lengths):
-            raise ValueError(f"RollingKVCache has {len(self.lengths)} layers, got layer={layer}")
-        _, b, h, _, d = self.k.shape
-        if k.shape != v.shape or k.dim() != 4 or (k.size(0), k.size(1), k.size(3)) != (b, h, d):
-            raise ValueError(
-                f"RollingKVCache expects k and v of shape [B={b}, kv_heads={h}, t, d_head={d}], got k {list(k.shape)}, "
-                f"v {list(v.shape)}. Build the cache with RollingKVCache.for_model(model, batch)."
-            )
-        if k.dtype != self.k.dtype or k.device != self.k.device:
-            raise ValueError(
-                f"RollingKVCache holds {self.k.dtype} on {self.k.device} but got k/v {k.dtype} on {k.device}. "
-                "Build the cache after moving the model."
-            )
 
     def _in_time_order(self, buf: torch.Tensor, past: int) -> torch.Tensor:
         """The kept tokens of one layer's buffer ``[B, h, min(past, W), d]``, oldest first."""
@@ -112,7 +71,7 @@ class RollingKVCache:
         kept tokens in time order, then the new ones (``[B, h, min(past, W) + t, d]``, a fresh tensor);
         only the last ``W`` new tokens stay in the buffer.
         """
-        self._check(layer, k, v)
+        self._check(layer, k, v)  # KVCache's checks: layer, shapes, dtype, device
         past, t, w = self.lengths[layer], k.size(2), self.window
         k_buf, v_buf = self._k_layers[layer], self._v_layers[layer]
         if t == 1:
