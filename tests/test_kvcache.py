@@ -69,7 +69,7 @@ def test_cache_overflow_and_shape_errors(model):
     with pytest.raises(ValueError, match=r"overflow.*holds 6 tokens.*4 are written.*3 more"):
         cache.update(0, torch.zeros(2, 4, 4, 8), torch.zeros(2, 4, 4, 8))
         cache.update(0, torch.zeros(2, 4, 3, 8), torch.zeros(2, 4, 3, 8))
-    with pytest.raises(ValueError, match=r"\[B=2, H=4, t, d_head=8\].*\[3, 4, 1, 8\]"):
+    with pytest.raises(ValueError, match=r"\[B=2, kv_heads=4, t, d_head=8\].*\[3, 4, 1, 8\]"):
         cache.update(1, torch.zeros(3, 4, 1, 8), torch.zeros(3, 4, 1, 8))
     small = KVCache.for_model(model, batch=1, max_tokens=4)
     with torch.no_grad():

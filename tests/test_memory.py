@@ -298,3 +298,44 @@ def test_cuda_inference_peak_matches_max_memory_allocated(cuda):
             model(ids)
     pred = ledger(model, B, T, torch.float32, training=False).activations
     assert abs(pred - meter.peak) <= 0.15 * meter.peak, (pred, meter.peak)
+
+
+# -- grouped-query attention and the sliding window ---------------------------------------------
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_parameter_count_of_a_grouped_query_model(kv_heads, bias):
+    model = tinytf.TinyLanguageModel(vocab=50, dim=32, heads=4, layers=2, max_tokens=16, kv_heads=kv_heads, bias=bias)
+    assert parameter_count(model.config) == (tinytf.count_parameters(model), len(list(model.parameters())))
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_kv_cache_bytes_shrink_exactly_by_heads_over_kv_heads(kv_heads):
+    model = tinytf.TinyLanguageModel(vocab=50, dim=32, heads=4, layers=3, max_tokens=40, kv_heads=kv_heads)
+    cache = tinytf.KVCache.for_model(model, 2)
+    measured = sum(t.untyped_storage().nbytes() for t in (cache.k, cache.v))
+    assert measured == cache.nbytes() == kv_cache_bytes(2, 3, 4, 40, 8, torch.float32, kv_heads=kv_heads)
+    assert ledger(model, 2, 40, torch.float32, training=False).kv_cache == measured
+    full = kv_cache_bytes(2, 3, 4, 40, 8, torch.float32)
+    assert full % measured == 0 and full // measured == 4 // kv_heads
+    windowed = tinytf.TinyLanguageModel(model.config, window=10)
+    rolling = tinytf.RollingKVCache.for_model(windowed, 2)
+    assert ledger(windowed, 2, 40, torch.float32, training=False).kv_cache == rolling.nbytes() == measured // 4
+    with pytest.raises(ValueError, match="kv_heads=3 does not divide heads=4"):
+        kv_cache_bytes(1, 1, 4, 8, 8, "fp16", kv_heads=3)
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "tiled"])
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_grouped_query_activations_match_saved_tensors_and_the_inference_peak(backend, kv_heads):
+    B, T = 2, 64
+    torch.manual_seed(0)
+    model = tinytf.TinyLanguageModel(vocab=50, dim=32, heads=4, layers=2, max_tokens=T, backend=backend, kv_heads=kv_heads)
+    ids = torch.randint(0, 50, (B, T))
+    measured = saved_bytes(model, ids)
+    assert abs(ledger(model, B, T, torch.float32, attention=backend).activations - measured) <= 0.01 * measured
+    model.eval()
+    with torch.no_grad(), PeakMemoryMeter("cpu") as meter:
+        model(ids)
+    pred = ledger(model, B, T, torch.float32, training=False, attention=backend)
+    assert abs(pred.activations - meter.peak) <= 0.10 * meter.peak, (pred.activations, meter.peak)

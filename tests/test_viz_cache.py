@@ -79,3 +79,37 @@ def test_bad_arguments_raise_and_the_explorer_falls_back_headless(monkeypatch):
     msg = figure_or_message(vc.cache_figure, layers=0)  # the live UI shows the error instead of raising
     assert "layers must be positive" in msg.axes[0].texts[0].get_text()
     plt.close(msg)
+
+
+def test_kv_heads_divide_the_curve_and_the_window_flattens_it():
+    kw = dict(batch=2, layers=8, heads=32, head_dim=128, dtype="fp16", t_min=256, t_max=65536)
+    mha = _line(fig := vc.cache_figure(**kw), "KV cache, B=2").get_ydata()
+    plt.close(fig)
+    for kv in (8, 1):
+        fig = vc.cache_figure(kv_heads=kv, **kw)
+        ts, ys = _line(fig, "KV cache, B=2").get_data()
+        assert np.allclose(ys * (32 // kv), mha)  # exactly heads / kv_heads smaller
+        assert "K/V heads=" + str(kv) in fig.axes[0].get_title()
+        plt.close(fig)
+        fit = vc.cache_tokens_that_fit(24 * GiB, batch=2, layers=8, heads=32, head_dim=128, dtype="fp16", kv_heads=kv)
+        assert kv_cache_bytes(2, 8, 32, fit, 128, "fp16", kv_heads=kv) <= 24 * GiB < kv_cache_bytes(2, 8, 32, fit + 1, 128, "fp16",
+                                                                                                     kv_heads=kv)
+    fig = vc.cache_figure(window=4096, **kw)
+    ts, ys = _line(fig, "KV cache, B=2").get_data()
+    for t, y in zip(ts, ys):
+        assert np.isclose(y * GiB, kv_cache_bytes(2, 8, 32, min(int(t), 4096), 128, "fp16"))
+    assert any("every T fits" in line.get_label() for line in fig.axes[0].get_lines())
+    plt.close(fig)
+    with pytest.raises(ValueError, match="kv_heads=3 does not divide heads=32"):
+        vc.cache_figure(kv_heads=3, **kw)
+
+
+def test_update_in_place_follows_kv_heads_and_window():
+    fig = vc.cache_figure(heads=8)
+    assert vc.update_cache_figure(fig, heads=8, kv_heads=2, window=8192)
+    fresh = vc.cache_figure(heads=8, kv_heads=2, window=8192)
+    assert np.allclose(_line(fig, "KV cache, B=1").get_ydata(), _line(fresh, "KV cache, B=1").get_ydata())
+    assert fig.axes[0].get_title() == fresh.axes[0].get_title()
+    plt.close(fig)
+    plt.close(fresh)
+    assert vc._optional(3, [1, 2, 4], "= H") == [("= H", None), ("1", 1), ("2", 2), ("3", 3), ("4", 4)]

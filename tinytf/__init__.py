@@ -12,6 +12,7 @@ from .block import TransformerBlock
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .checks import CATALOG, PITFALLS, Finding, Pitfall, diagnose_attention, diagnose_block, diagnose_causal_mask, diagnose_lm_loss, report
 from .device import describe_device, pick_device, synchronize
+from .grouped import repeat_kv, to_grouped_query
 from .heads import CausalSelfAttention, MultiHeadAttention
 from .kvcache import KVCache, generate
 from .language import notebook_language
@@ -19,6 +20,7 @@ from .lm import ModelConfig, TinyLanguageModel, lm_loss, train_step
 from .masks import causal_mask, padding_mask
 from .memory import Ledger, ledger
 from .params import count_parameters, parameter_breakdown
+from .rolling import RollingKVCache
 from .tiled import TileStats, online_softmax_finish, online_softmax_update, tiled_attention
 
 __version__ = "0.1.0"
@@ -33,6 +35,8 @@ __all__ = [
     "padding_mask",
     "MultiHeadAttention",
     "CausalSelfAttention",
+    "repeat_kv",
+    "to_grouped_query",
     "TransformerBlock",
     "ModelConfig",
     "TinyLanguageModel",
@@ -42,6 +46,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "KVCache",
+    "RollingKVCache",
     "generate",
     "pick_device",
     "describe_device",

@@ -32,7 +32,8 @@ class TransformerBlock(nn.Module):
     ``norm2``, ``ffn`` (``Sequential(Linear(D, eD), GELU, Linear(eD, D))``).
 
     ``bias=False`` drops the bias vectors of every Linear layer (``attn.qkv``, ``attn.proj`` and
-    the two of ``ffn``); the LayerNorms keep theirs.
+    the two of ``ffn``); the LayerNorms keep theirs. ``kv_heads`` and ``window`` go to
+    :class:`tinytf.CausalSelfAttention` (grouped-query and sliding-window attention).
     """
 
     def __init__(
@@ -46,6 +47,8 @@ class TransformerBlock(nn.Module):
         dropout: float = 0.0,
         backend: str = "explicit",
         bias: bool = True,
+        kv_heads: int | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         _check_norm(norm)
@@ -53,7 +56,9 @@ class TransformerBlock(nn.Module):
             raise ValueError(f"expansion must be a positive integer, got {expansion}")
         self.norm_position = norm
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = CausalSelfAttention(dim, heads, max_tokens, bias=bias, dropout=dropout, backend=backend)
+        self.attn = CausalSelfAttention(
+            dim, heads, max_tokens, kv_heads=kv_heads, window=window, bias=bias, dropout=dropout, backend=backend
+        )
         self.norm2 = nn.LayerNorm(dim)
         hidden = expansion * dim
         self.ffn = nn.Sequential(nn.Linear(dim, hidden, bias=bias), nn.GELU(), nn.Linear(hidden, dim, bias=bias))  # D -> eD -> D

@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .block import _check_norm
+from .grouped import check_kv_heads
 from .heads import _check_backend, _check_heads
+from .masks import check_window
 
 __all__ = ["ModelConfig"]
 
@@ -42,7 +44,11 @@ class ModelConfig:
     ``norm``: ``"pre"`` or ``"post"`` (see :class:`tinytf.TransformerBlock`); ``dropout``: probability
     in ``[0, 1)`` on attention weights and residual branches; ``backend``: ``"explicit"``, ``"sdpa"`` or
     ``"tiled"`` (which trains only with ``dropout=0``);
-    ``bias``: whether the Linear layers of attention and FFN have bias vectors.
+    ``bias``: whether the Linear layers of attention and FFN have bias vectors;
+    ``kv_heads``: K/V heads, a divisor of ``heads`` (1 = multi-query; None = ``heads``, multi-head
+    attention — a value equal to ``heads`` is stored as None, so the two configs are equal and a
+    checkpoint saved before the field existed loads as what it was); :attr:`n_kv_heads` is the number;
+    ``window``: sliding-window attention over the last ``window`` tokens (None = full causal attention).
     """
 
     vocab: int = 100
@@ -55,6 +61,8 @@ class ModelConfig:
     dropout: float = 0.0
     backend: str = "explicit"
     bias: bool = True
+    kv_heads: int | None = None
+    window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab", "dim", "heads", "layers", "max_tokens", "expansion"):
@@ -74,9 +82,18 @@ class ModelConfig:
         object.__setattr__(self, "dropout", float(p))
         if not isinstance(self.bias, bool):
             raise ValueError(f"bias must be True or False, got {self.bias!r} ({type(self.bias).__name__})")
+        kv = check_kv_heads(self.heads, None if self.kv_heads is None else _integer("kv_heads", self.kv_heads))
+        object.__setattr__(self, "kv_heads", None if kv == self.heads else kv)  # canonical: MHA is None
+        if self.window is not None:
+            object.__setattr__(self, "window", check_window(self.window))
+
+    @property
+    def n_kv_heads(self) -> int:
+        """The number of K/V heads: ``kv_heads``, or ``heads`` when it is None (multi-head attention)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain ``{field: value}`` (ints, a float, strings, a bool): safe for JSON and ``weights_only``."""
+        """Plain ``{field: value}`` (ints, a float, strings, a bool, None): safe for JSON and ``weights_only``."""
         return asdict(self)
 
     @classmethod

@@ -2,6 +2,10 @@
 
     x [B, T, D] --qkv--> [B, T, 3D] --chunk--> q, k, v [B, T, D]
       --split--> [B, H, T, d_head] --attention--> [B, H, T, d_head] --merge--> [B, T, D] --proj-->
+
+With ``kv_heads < heads`` (grouped-query; 1 = multi-query, see :mod:`tinytf.grouped`) the same fused
+projection is narrower: ``[B, T, D + 2·kv_heads·d_head]`` splits into q ``[B, H, T, d]`` and
+k, v ``[B, kv_heads, T, d]``, and query head ``h`` reads K/V head ``h // (heads // kv_heads)``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import check_mask, scaled_dot_product_attention
-from .masks import causal_mask
+from .grouped import check_kv_heads, repeat_kv
+from .masks import causal_mask, check_window
 from .tiled import tiled_attention
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +49,9 @@ class MultiHeadAttention(nn.Module):
     """Multi-head (self- or cross-) attention with a fused ``qkv`` projection and ``proj`` output.
 
     ``qkv.weight`` is ``[3D, D]`` laid out as ``[W_q; W_k; W_v]`` — the same packing as
-    ``nn.MultiheadAttention.in_proj_weight`` — so weights copy across directly.
+    ``nn.MultiheadAttention.in_proj_weight`` — so weights copy across directly. With
+    ``kv_heads`` K/V heads (a divisor of ``heads``; None = ``heads``) it is
+    ``[D + 2·kv_heads·d_head, D]``, the same packing with narrower ``W_k`` and ``W_v``.
     ``backend="explicit"`` runs :func:`tinytf.scaled_dot_product_attention`; ``backend="sdpa"``
     runs PyTorch's fused ``F.scaled_dot_product_attention``; ``backend="tiled"`` runs
     :func:`tinytf.tiled_attention` (the online softmax, tile by tile; no attention dropout). All
@@ -52,23 +59,33 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self, dim: int, heads: int, *, bias: bool = True, dropout: float = 0.0, backend: str = "explicit"
+        self,
+        dim: int,
+        heads: int,
+        *,
+        kv_heads: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        backend: str = "explicit",
     ) -> None:
         super().__init__()
         _check_heads(dim, heads)
         _check_backend(backend)
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.kv_heads = check_kv_heads(heads, kv_heads)
+        self.groups = heads // self.kv_heads  # query heads per K/V head
+        self.kv_dim = self.kv_heads * self.head_dim  # width of k and of v
         self.backend = backend
         self.dropout = dropout
-        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.qkv = nn.Linear(dim, dim + 2 * self.kv_dim, bias=bias)  # [W_q; W_k; W_v]: D + kv_dim + kv_dim rows
         self.proj = nn.Linear(dim, dim, bias=bias)
         self.attn_drop = nn.Dropout(dropout)
 
     # -- shape helpers -------------------------------------------------------------------------
     def split_heads(self, z: torch.Tensor) -> torch.Tensor:
-        """``[B, T, D] -> [B, H, T, d_head]``."""
-        b, t, _ = z.shape
-        return z.view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, T, H, d] -> [B, H, T, d]
+        """``[B, T, n·d_head] -> [B, n, T, d_head]`` (n = H for queries, kv_heads for keys and values)."""
+        b, t, width = z.shape
+        return z.view(b, t, width // self.head_dim, self.head_dim).transpose(1, 2)  # [B, T, n, d] -> [B, n, T, d]
 
     def merge_heads(self, z: torch.Tensor) -> torch.Tensor:
         """``[B, H, T, d_head] -> [B, T, D]`` (transpose makes it non-contiguous, so reshape)."""
@@ -83,14 +100,15 @@ class MultiHeadAttention(nn.Module):
             )
 
     def project(self, x: torch.Tensor, context: torch.Tensor | None = None):
-        """q, k, v ``[B, H, T, d_head]``; with ``context`` the keys/values come from it."""
+        """q ``[B, H, T, d_head]``, k, v ``[B, kv_heads, T, d_head]``; with ``context`` k/v come from it."""
+        sizes = [self.dim, self.kv_dim, self.kv_dim]
         if context is None:
-            q, k, v = self.qkv(x).chunk(3, dim=-1)  # [B, T, 3D] -> 3 x [B, T, D]
+            q, k, v = self.qkv(x).split(sizes, dim=-1)  # [B, T, D + 2·kv_dim] -> [B, T, D], 2 x [B, T, kv_dim]
         else:
-            w_q, w_kv = self.qkv.weight.split([self.dim, 2 * self.dim])  # [D, D], [2D, D]
-            b_q, b_kv = (None, None) if self.qkv.bias is None else self.qkv.bias.split([self.dim, 2 * self.dim])
+            w_q, w_kv = self.qkv.weight.split([self.dim, 2 * self.kv_dim])  # [D, D], [2·kv_dim, D]
+            b_q, b_kv = (None, None) if self.qkv.bias is None else self.qkv.bias.split([self.dim, 2 * self.kv_dim])
             q = F.linear(x, w_q, b_q)  # [B, Tq, D]
-            k, v = F.linear(context, w_kv, b_kv).chunk(2, dim=-1)  # 2 x [B, Tk, D]
+            k, v = F.linear(context, w_kv, b_kv).chunk(2, dim=-1)  # 2 x [B, Tk, kv_dim]
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
     def attend(
@@ -102,7 +120,10 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool,
         return_weights: bool = False,
     ):
-        """Attention over heads: q ``[B, H, Tq, d]``, k/v ``[B, H, Tk, d]`` -> ``[B, H, Tq, d]``."""
+        """Attention over heads: q ``[B, H, Tq, d]``, k/v ``[B, kv_heads, Tk, d]`` -> ``[B, H, Tq, d]``.
+
+        The fused kernel shares the K/V heads itself (``enable_gqa``); the explicit and the tiled
+        attention get them repeated once per query head (:func:`tinytf.grouped.repeat_kv`)."""
         p = self.dropout if self.training else 0.0
         if return_weights and self.backend != "explicit":
             raise ValueError(
@@ -114,7 +135,7 @@ class MultiHeadAttention(nn.Module):
                     f"backend='tiled' has no dropout on the attention weights (dropout={self.dropout}, training mode): "
                     "call model.eval(), set dropout=0.0, or train with backend='sdpa' or 'explicit'."
                 )
-            return tiled_attention(q, k, v, mask, is_causal=is_causal)
+            return tiled_attention(q, repeat_kv(k, self.groups), repeat_kv(v, self.groups), mask, is_causal=is_causal)
         if self.backend == "sdpa":
             t_q, t_k = q.size(-2), k.size(-2)
             if is_causal and (mask is not None or t_q != t_k):
@@ -123,7 +144,10 @@ class MultiHeadAttention(nn.Module):
                 causal = causal_mask(t_q, t_k, device=q.device)
                 mask = causal if mask is None else mask & causal
                 is_causal = False
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal, enable_gqa=self.groups > 1
+            )
+        k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # [B, H, Tk, d]
         out, weights = scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, return_weights=True)
         if p > 0.0:
             weights = self.attn_drop(weights)
@@ -165,7 +189,10 @@ class CausalSelfAttention(MultiHeadAttention):
     With a :class:`tinytf.KVCache` the forward computes q/k/v for the new tokens only, writes their
     k/v into the cache and attends over everything cached (an end-aligned causal mask). A decode
     step of one token with no extra mask uses the fused kernel whatever the backend (same math).
-    ``bias=False`` builds ``qkv`` and ``proj`` without bias vectors.
+    ``bias=False`` builds ``qkv`` and ``proj`` without bias vectors; ``kv_heads`` as in
+    :class:`MultiHeadAttention`. ``window``: each query sees at most the last ``window`` keys, itself
+    included (:func:`tinytf.causal_mask`); such a layer also runs with a :class:`tinytf.RollingKVCache`
+    of the same window, which keeps only ``window`` tokens.
     """
 
     def __init__(
@@ -174,14 +201,39 @@ class CausalSelfAttention(MultiHeadAttention):
         heads: int,
         max_tokens: int,
         *,
+        kv_heads: int | None = None,
+        window: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
         backend: str = "explicit",
     ) -> None:
-        super().__init__(dim, heads, bias=bias, dropout=dropout, backend=backend)
+        super().__init__(dim, heads, kv_heads=kv_heads, bias=bias, dropout=dropout, backend=backend)
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         self.max_tokens = max_tokens
+        self.window = None if window is None else check_window(window)
+
+    def _check_cache(self, cache: KVCache | None, layer: int, x: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """``ValueError`` if x's tokens exceed ``max_tokens`` or the cache does not suit this layer."""
+        past, t = (0 if cache is None else cache.lengths[layer]), x.size(1)
+        if past + t > self.max_tokens:
+            raise ValueError(
+                f"sequence of {past + t} tokens (x {list(x.shape)}"
+                + (f" after {past} cached" if past else "")
+                + f") is longer than max_tokens={self.max_tokens}. Truncate the input to the last "
+                f"{self.max_tokens} tokens or build the model with a larger max_tokens."
+            )
+        rolling = getattr(cache, "window", None)
+        if rolling is not None and rolling != self.window:
+            raise ValueError(
+                f"a RollingKVCache of window={rolling} needs attention with the same window, but this layer has "
+                f"window={self.window}. Build the cache with RollingKVCache.for_model(model, batch)."
+            )
+        if rolling is not None and mask is not None:
+            raise ValueError(
+                "a RollingKVCache keeps keys in ring order, so an extra mask (e.g. padding [B, 1, 1, Tk]) cannot be "
+                "lined up with them. Generate unpadded batches, or use a KVCache with the window mask."
+            )
 
     def forward(  # type: ignore[override]
         self,
@@ -193,28 +245,26 @@ class CausalSelfAttention(MultiHeadAttention):
         return_weights: bool = False,
     ):
         """x ``[B, T, D]`` -> ``[B, T, D]``. ``mask`` (optional, e.g. padding ``[B, 1, 1, Tk]``) is
-        combined with the causal mask. With ``cache``, x holds only the new tokens."""
+        combined with the causal (and window) mask. With ``cache``, x holds only the new tokens."""
         self._check_input(x)
         b, t, _ = x.shape
-        past = 0 if cache is None else cache.lengths[layer]
-        if past + t > self.max_tokens:
-            raise ValueError(
-                f"sequence of {past + t} tokens (x {list(x.shape)}"
-                + (f" after {past} cached" if past else "")
-                + f") is longer than max_tokens={self.max_tokens}. Truncate the input to the last "
-                f"{self.max_tokens} tokens or build the model with a larger max_tokens."
-            )
-        q, k, v = self.project(x)  # each [B, H, T, d_head]
+        self._check_cache(cache, layer, x, mask)
+        q, k, v = self.project(x)  # q [B, H, T, d_head], k, v [B, kv_heads, T, d_head]
         if cache is not None:
-            k, v = cache.update(layer, k, v)  # [B, H, past + T, d_head]
+            k, v = cache.update(layer, k, v)  # [B, kv_heads, Tk, d_head]: the cached keys, then the new ones
+        t_k = k.size(-2)
         if mask is not None:
-            check_mask(mask, (b, self.heads, t, k.size(-2)))
-        # One query (a decode step) is the newest token: the end-aligned causal mask lets it see every
-        # key, so no mask is built or applied on the hot decode path.
+            check_mask(mask, (b, self.heads, t, t_k))
+        if self.window is not None and t_k > self.window:  # the newest query alone sees t_k keys causally
+            # some query has keys older than the window: mask them out
+            band = causal_mask(t, t_k, window=self.window, device=x.device)  # [T, Tk], end-aligned
+            mask = band if mask is None else mask & band
+        # One query (a decode step) is the newest token: the end-aligned causal mask (within the window)
+        # lets it see every key it is given, so no mask is built or applied on the hot decode path.
         if cache is not None and t == 1 and mask is None and not return_weights and not (self.training and self.dropout > 0):
             # Decode fast path, whatever the backend: softmax(q kᵀ / sqrt(d)) v for one query is the same
             # math in the fused kernel, in one call instead of several ops per layer and token.
-            res = F.scaled_dot_product_attention(q, k, v)
+            res = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.groups > 1)
         else:
             res = self.attend(q, k, v, mask, t > 1, return_weights)
         if return_weights:

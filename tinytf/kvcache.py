@@ -1,6 +1,10 @@
 """A static KV cache: preallocated key/value buffers per layer, written in place.
 
-    k, v buffers: [layers, B, H, max_tokens, d_head];  lengths[layer] = tokens written so far.
+    k, v buffers: [layers, B, kv_heads, max_tokens, d_head];  lengths[layer] = tokens written so far.
+
+A grouped-query model (``kv_heads < heads``) stores only its ``kv_heads`` K/V heads: the cache is
+``heads / kv_heads`` times smaller. A sliding-window model generates with a
+:class:`tinytf.RollingKVCache` instead, which keeps only the last ``window`` tokens.
 
 No ``torch.cat`` per decode step: memory is allocated once, the way static caches in serving
 engines work, and each step writes its new k/v at the write position.
@@ -16,7 +20,10 @@ __all__ = ["KVCache", "generate"]
 
 
 class KVCache:
-    """Per-layer key/value buffers ``[B, H, max_tokens, d_head]`` with a write position per layer."""
+    """Per-layer key/value buffers ``[B, kv_heads, max_tokens, d_head]`` with a write position per layer.
+
+    ``heads`` is the number of K/V heads stored: the model's ``kv_heads`` (its ``heads`` for
+    multi-head attention)."""
 
     def __init__(
         self,
@@ -43,11 +50,12 @@ class KVCache:
         """A cache sized for a :class:`tinytf.TinyLanguageModel` (dtype and device of its weights)."""
         p = next(model.parameters())
         attn = model.blocks[0].attn
-        return cls(len(model.blocks), batch, attn.heads, max_tokens or model.max_tokens, attn.head_dim, dtype=p.dtype, device=p.device)
+        return cls(len(model.blocks), batch, attn.kv_heads, max_tokens or model.max_tokens, attn.head_dim, dtype=p.dtype,
+                   device=p.device)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """``(layers, B, H, max_tokens, d_head)``."""
+        """``(layers, B, kv_heads, max_tokens, d_head)``."""
         return tuple(self.k.shape)
 
     @property
@@ -68,21 +76,28 @@ class KVCache:
         """Forget every token (the buffers are kept and simply overwritten by the next prefill)."""
         self.lengths = [0] * len(self.lengths)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write new k/v ``[B, H, t, d_head]`` for ``layer``; return all cached ``[B, H, past + t, d_head]``."""
+    def _check(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """``ValueError`` unless ``layer`` exists and k/v ``[B, kv_heads, t, d_head]`` fit the buffers (dtype, device too)."""
+        name = type(self).__name__
         if not 0 <= layer < len(self.lengths):
-            raise ValueError(f"KVCache has {len(self.lengths)} layers, got layer={layer}")
-        _, b, h, cap, d = self.k.shape
+            raise ValueError(f"{name} has {len(self.lengths)} layers, got layer={layer}")
+        _, b, h, _, d = self.k.shape
         if k.shape != v.shape or k.dim() != 4 or (k.size(0), k.size(1), k.size(3)) != (b, h, d):
             raise ValueError(
-                f"KVCache expects k and v of shape [B={b}, H={h}, t, d_head={d}], got k {list(k.shape)}, "
-                f"v {list(v.shape)}. Build the cache with the model's batch size, heads and head width."
+                f"{name} expects k and v of shape [B={b}, kv_heads={h}, t, d_head={d}], got k {list(k.shape)}, "
+                f"v {list(v.shape)}. Build the cache with the model's batch size, kv_heads and head width "
+                f"({name}.for_model(model, batch) reads them from the model)."
             )
         if k.dtype != self.k.dtype or k.device != self.k.device:
             raise ValueError(
-                f"KVCache holds {self.k.dtype} on {self.k.device} but got k/v {k.dtype} on {k.device}. "
-                "Build the cache after moving the model: KVCache.for_model(model, batch) copies its dtype and device."
+                f"{name} holds {self.k.dtype} on {self.k.device} but got k/v {k.dtype} on {k.device}. "
+                f"Build the cache after moving the model: {name}.for_model(model, batch) copies its dtype and device."
             )
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new k/v ``[B, h, t, d_head]`` for ``layer``; return all cached ``[B, h, past + t, d_head]`` (h = kv_heads)."""
+        self._check(layer, k, v)
+        cap = self.max_tokens
         past, t = self.lengths[layer], k.size(2)
         if past + t > cap:
             raise ValueError(
@@ -97,7 +112,7 @@ class KVCache:
 
     def __repr__(self) -> str:
         layers, b, h, cap, d = self.shape
-        return f"KVCache(layers={layers}, B={b}, H={h}, max_tokens={cap}, d_head={d}, seen={self.seen}, dtype={self.k.dtype})"
+        return f"KVCache(layers={layers}, B={b}, kv_heads={h}, max_tokens={cap}, d_head={d}, seen={self.seen}, dtype={self.k.dtype})"
 
 
 @torch.inference_mode()
@@ -128,7 +143,10 @@ def generate(
     ``use_cache=True``: one prefill over the prompt, then one decode step per token that computes
     q/k/v for the new token only. ``use_cache=False``: recompute the whole prefix every step (the
     slow reference). ``temperature=0`` is greedy; ``top_k`` keeps the k most likely tokens.
-    Generation stops at the model's ``max_tokens`` with a warning that says so.
+    Generation stops at the model's ``max_tokens`` with a warning that says so. A model with a
+    sliding window (``config.window``) decodes with a :class:`tinytf.RollingKVCache`: its memory
+    stays at ``window`` tokens, but the learned position table still has ``max_tokens`` rows, so the
+    same limit holds (a model with relative positions, such as RoPE, would not have it).
     """
     if ids.dim() != 2:
         raise ValueError(f"generate expects ids [B, T], got shape {list(ids.shape)} (add a batch axis with ids[None])")
@@ -144,12 +162,17 @@ def generate(
     if ids.size(1) > limit:
         raise ValueError(f"the prompt has {ids.size(1)} tokens but max_tokens={limit}; keep its last {limit} tokens")
     n = min(max_new_tokens, limit - ids.size(1))
+    window = getattr(getattr(model, "config", None), "window", None)
     if n < max_new_tokens:
         warnings.warn(
             f"generate: stopping after {n} new tokens instead of {max_new_tokens}: the prompt "
-            f"({ids.size(1)}) plus new tokens reach the model's max_tokens={limit}.",
+            f"({ids.size(1)}) plus new tokens reach the model's max_tokens={limit}"
+            + (f" (the rolling cache bounds memory to window={window} tokens, not positions: the learned position "
+               f"table has {limit} rows)." if window is not None else "."),
             stacklevel=2,
         )
+    from .rolling import RollingKVCache  # a subclass of KVCache: imported here, not at module level
+
     was_training = model.training
     model.eval()
     try:
@@ -158,7 +181,8 @@ def generate(
             out = torch.empty(ids.size(0), t0 + n, dtype=ids.dtype, device=ids.device)  # [B, T + n], filled in place
             out[:, :t0] = ids
             if use_cache and n > 0:
-                cache = KVCache.for_model(model, ids.size(0), max_tokens=t0 + n)
+                cache = (KVCache.for_model(model, ids.size(0), max_tokens=t0 + n) if window is None
+                         else RollingKVCache.for_model(model, ids.size(0)))
                 logits = model(ids, cache=cache)[:, -1]  # prefill: [B, V]
                 for i in range(n):
                     nxt = _next_token(logits, temperature, top_k, generator)  # [B, 1]

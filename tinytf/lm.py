@@ -38,7 +38,8 @@ class TinyLanguageModel(nn.Module):
         self.token = nn.Embedding(c.vocab, c.dim)
         self.position = nn.Embedding(c.max_tokens, c.dim)
         self.blocks = nn.ModuleList(
-            TransformerBlock(c.dim, c.heads, c.max_tokens, c.expansion, norm=c.norm, dropout=c.dropout, backend=c.backend, bias=c.bias)
+            TransformerBlock(c.dim, c.heads, c.max_tokens, c.expansion, norm=c.norm, dropout=c.dropout, backend=c.backend,
+                             bias=c.bias, kv_heads=c.kv_heads, window=c.window)
             for _ in range(c.layers)
         )
         self.norm = nn.LayerNorm(c.dim)
@@ -65,6 +66,8 @@ class TinyLanguageModel(nn.Module):
                 + (f" after {start} cached" if start else "")
                 + f") exceed max_tokens={self.max_tokens}, the size of the position table. "
                 f"Keep only the last {self.max_tokens} tokens or build the model with a larger max_tokens."
+                + (" A sliding window and its rolling cache bound the memory, not the positions: every token still "
+                   "needs a row of the learned position table." if self.config.window is not None else "")
             )
         positions = torch.arange(start, start + t, device=ids.device)[None, :]  # [1, T]
         x = self.token(ids) + self.position(positions)  # [B, T, D]

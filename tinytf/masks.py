@@ -7,10 +7,12 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["causal_mask", "padding_mask", "check_causal_sizes"]
+__all__ = ["causal_mask", "padding_mask", "check_causal_sizes", "check_window"]
 
 
-def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str | None = None) -> torch.Tensor:
+def causal_mask(
+    t_q: int, t_k: int | None = None, *, window: int | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Causal mask ``[t_q, t_k]`` (bool, True = may attend).
 
     With ``t_k > t_q`` the mask is aligned to the *end*: query ``i`` is the token at absolute
@@ -18,11 +20,29 @@ def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str 
     That is the mask a decode step needs when ``t_q`` new tokens attend over a KV cache of ``t_k``.
     (Note: ``F.scaled_dot_product_attention(is_causal=True)`` aligns to the *start* instead; the two
     only agree when ``t_q == t_k``.)
+
+    ``window`` (sliding-window attention): each query sees at most the last ``window`` keys, itself
+    included — query at position ``p`` sees keys ``p - window + 1 … p``. ``window=1``: only itself;
+    ``window >= t_k``: the plain causal mask.
     """
     t_k = t_q if t_k is None else t_k
     check_causal_sizes(t_q, t_k)
     ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
-    return ones.tril(diagonal=t_k - t_q)  # [t_q, t_k]
+    offset = t_k - t_q  # absolute position of query 0
+    mask = ones.tril(diagonal=offset)  # [t_q, t_k]: key j <= offset + i
+    if window is not None:
+        mask = mask.triu(diagonal=offset - check_window(window) + 1)  # and key j > offset + i - window
+    return mask
+
+
+def check_window(window: int) -> int:
+    """``window`` as an int; ``ValueError`` unless it is a positive integer (the query itself counts)."""
+    if isinstance(window, bool) or not hasattr(window, "__index__") or int(window) < 1:
+        raise ValueError(
+            f"window must be a positive integer (each query sees the last `window` keys, itself included), "
+            f"got window={window!r}. window=1 lets a token see only itself; None switches the window off."
+        )
+    return int(window)
 
 
 def check_causal_sizes(t_q: int, t_k: int) -> None:

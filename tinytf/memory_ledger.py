@@ -14,6 +14,9 @@ from typing import Any
 
 import torch
 
+from .grouped import check_kv_heads
+from .masks import check_window
+
 __all__ = [
     "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "format_bytes", "parameter_count",
     "Ledger", "ledger", "GiB", "MiB", "KiB", "OPTIMIZER_STATES", "ATTENTION_PATHS", "tiled_working_set",
@@ -42,9 +45,25 @@ def attention_matrix_bytes(batch: int, heads: int, tokens: int, dtype: torch.dty
     return batch * heads * tokens * tokens * dtype_bytes(dtype)
 
 
-def kv_cache_bytes(batch: int, layers: int, heads: int, tokens: int, head_dim: int, dtype: torch.dtype | str) -> int:
-    """Bytes of a KV cache: keys and values ``[B, H, T, d_head]`` for every layer (``2·L·B·H·T·d``)."""
-    return 2 * layers * batch * heads * tokens * head_dim * dtype_bytes(dtype)
+def kv_cache_bytes(
+    batch: int,
+    layers: int,
+    heads: int,
+    tokens: int,
+    head_dim: int,
+    dtype: torch.dtype | str,
+    *,
+    kv_heads: int | None = None,
+    window: int | None = None,
+) -> int:
+    """Bytes of a KV cache: keys and values ``[B, kv_heads, T, d_head]`` for every layer (``2·L·B·kv_heads·T·d``).
+
+    ``kv_heads`` (a divisor of ``heads``; None = ``heads``) are the K/V heads a grouped-query model
+    stores: the cache is exactly ``heads / kv_heads`` times smaller. With a sliding ``window`` the
+    rolling cache holds ``min(T, window)`` tokens."""
+    stored = check_kv_heads(heads, kv_heads)
+    kept = tokens if window is None else min(tokens, check_window(window))
+    return 2 * layers * batch * stored * kept * head_dim * dtype_bytes(dtype)
 
 
 # -- the ledger -------------------------------------------------------------------------------------
@@ -76,19 +95,27 @@ def _config_of(model_config: Any) -> Any:
     return config
 
 
+def _kv_heads_of(c: Any) -> int:
+    """K/V heads of a config (``heads`` for a config without ``kv_heads``)."""
+    kv = getattr(c, "kv_heads", None)
+    return c.heads if kv is None else kv
+
+
 def parameter_count(model_config: Any) -> tuple[int, int]:
     """``(scalars, tensors)`` of a :class:`tinytf.TinyLanguageModel` built from ``model_config``.
 
     Per block: ``qkv 3D²+3D``, ``proj D²+D``, two LayerNorms ``4D``, FFN ``2·D·F + F + D`` (F = eD);
+    with ``kv_heads`` K/V heads ``qkv`` is ``D·Q + Q``, ``Q = D + 2·kv_heads·d_head``;
     plus token ``V·D`` and position ``T_max·D`` tables, the final LayerNorm ``2D`` and ``lm_head D·V``.
     With ``bias=False`` the four Linear layers of a block lose their biases (``3D + D + F + D``);
     the LayerNorms keep theirs.
     """
     c = _config_of(model_config)
     d, f = c.dim, c.expansion * c.dim
+    qkv = d + 2 * _kv_heads_of(c) * (d // c.heads)  # output width of the fused projection
     bias = getattr(c, "bias", True)
-    linear_biases = (3 * d + d + f + d) if bias else 0
-    block = (3 * d * d + d * d + 2 * d * f) + linear_biases + 4 * d
+    linear_biases = (qkv + d + f + d) if bias else 0
+    block = (qkv * d + d * d + 2 * d * f) + linear_biases + 4 * d
     scalars = c.vocab * d + c.max_tokens * d + c.layers * block + 2 * d + d * c.vocab
     tensors = (12 if bias else 8) * c.layers + 5  # per block 4 Linear weights (+4 biases), 2 LayerNorms w/b; + 5 outside
     return scalars, tensors
@@ -215,7 +242,9 @@ def ledger(
     ``tests/test_memory.py``): per layer, training saves 8 ``B×T×D`` tensors, 2 ``B×T×D_ff``
     tensors and, on the explicit path, 2 ``B×H×T×T`` tensors (the softmax output and the masked
     weights that feed ``@ v``); on the tiled path 1 ``B×T×D`` output and a ``B×H×T`` log-sum-exp
-    instead; the loss keeps a ``B×(T-1)×V`` log-softmax.
+    instead; the loss keeps a ``B×(T-1)×V`` log-softmax. A grouped-query config (``kv_heads``) has a
+    narrower projection and a ``heads / kv_heads`` times smaller KV cache; a sliding ``window`` caps
+    the cache at ``window`` tokens (the rolling cache).
     """
     c = _config_of(model_config)
     if optimizer not in OPTIMIZER_STATES:
@@ -233,6 +262,9 @@ def ledger(
     F = c.expansion * D
     BTD, BTF = B * T * D, B * T * F
     explicit, tiled = attention == "explicit", attention == "tiled"
+    kv_heads = _kv_heads_of(c)
+    BTQ = B * T * (D + 2 * kv_heads * (D // H))  # the fused projection's output: q, k, v
+    repeated = 2 * BTD if kv_heads < H and attention != "sdpa" else 0  # K and V repeated per query head (repeat_kv)
     parameters = n_params * b
     gradients = optimizer_state = master = kv = 0
     if training:
@@ -242,7 +274,11 @@ def ledger(
         steps = n_tensors * FP32 if optimizer.startswith("adam") else 0  # Adam keeps a step counter per tensor
         optimizer_state = k * n_params * state_bytes + steps
         master = n_params * FP32 if mixed_precision else 0
-        hidden = (8 * L + 2) * BTD * b  # per layer: norm1 in/out, q, k, v, heads merged, norm2 in/out; + final norm in/out
+        # per layer: norm1 in/out, q, k, v, heads merged, norm2 in/out; + final norm in/out. The explicit
+        # matmuls save contiguous q, k, v [B, H, T, d] (3 BTD, however many K/V heads); the fused and the
+        # tiled kernel save the projection's output itself (BTQ) and the tiled one the repeated K and V
+        qkv_saved = 3 * BTD if explicit else BTQ + repeated
+        hidden = (L * (5 * BTD + qkv_saved) + 2 * BTD) * b
         ffn = 2 * L * BTF * b  # GELU input and output (the second Linear's input)
         attn = 2 * L * attention_matrix_bytes(B, H, T, dtype) if explicit else 0
         if tiled:
@@ -257,13 +293,14 @@ def ledger(
         if tiled:  # output [B, H, T, d] + lse [B, H, T] + the larger of one block's working set and the head merge
             scores = (BTD + B * H * T) * b + max(tiled_working_set(B, H, T, D // H, dtype), BTD * b)
         phases = {  # (hidden, ffn, attention, logits, other)
-            # block input, norm1 output, the [B, T, 3D] projection (+ the fused kernel's output)
-            "attention": ((6 if attention == "sdpa" else 5) * BTD * b, 0, scores, 0, mask_bytes),
+            # block input, norm1 output, the [B, T, D + 2·kv_heads·d] projection (+ the fused kernel's output
+            # | the K and V repeated per query head for the explicit and the tiled attention)
+            "attention": ((2 * BTD + BTQ + (BTD if attention == "sdpa" else repeated)) * b, 0, scores, 0, mask_bytes),
             "ffn": (3 * BTD * b, 2 * BTF * b, 0, 0, 0),  # block input, residual, norm2 output; GELU input and output
             "logits": (2 * BTD * b, 0, 0, B * T * V * b, 0),  # last hidden state, final norm output; logits
         }
         peak_phase = max(phases, key=lambda name: sum(phases[name]))
         hidden, ffn, attn, logits, other = phases[peak_phase]
-        kv = kv_cache_bytes(B, L, H, T, D // H, dtype)
+        kv = kv_cache_bytes(B, L, H, T, D // H, dtype, kv_heads=kv_heads, window=getattr(c, "window", None))
     return Ledger(B, T, dtype_name(dtype), training, optimizer, attention, mixed_precision,
                   parameters, gradients, optimizer_state, master, hidden, ffn, attn, logits, other, kv, peak_phase)

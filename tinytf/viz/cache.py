@@ -1,11 +1,12 @@
 """KV-cache size as the context grows, against device capacity.
 
-    cache bytes = 2 (K and V) · layers · B · H · T · d_head · bytes per element
+    cache bytes = 2 (K and V) · layers · B · kv_heads · T · d_head · bytes per element
 
-:func:`cache_figure` is pure (arguments in, matplotlib Figure out) and :func:`update_cache_figure`
-redraws one in place; :func:`cache_explorer` adds ipywidgets controls (B, layers, H, d_head, dtype,
-memory already taken by the weights) through :func:`tinytf.viz.interactive_figure`, or shows the
-static figure when headless.
+(``kv_heads = H`` for multi-head attention; a grouped-query model stores fewer, a sliding window of
+W tokens caps T at W.) :func:`cache_figure` is pure (arguments in, matplotlib Figure out) and
+:func:`update_cache_figure` redraws one in place; :func:`cache_explorer` adds ipywidgets controls
+(B, layers, H, K/V heads, window, d_head, dtype, memory already taken by the weights) through
+:func:`tinytf.viz.interactive_figure`, or shows the static figure when headless.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ __all__ = ["CAPACITIES_GIB", "cache_tokens_that_fit", "cache_figure", "update_ca
 CAPACITIES_GIB = (24, 80, 141)  # a consumer GPU, an A100/H100 80 GB, an H200
 _CAP_COLORS = ("#dd8452", "#b00020", "#8172b2")
 _DEFAULTS = {"batch": 1, "layers": 32, "heads": 32, "head_dim": 128, "dtype": "fp16", "reserved_gib": 0.0,
+             "kv_heads": None, "window": None,
              "capacities_gib": CAPACITIES_GIB, "batches": (1, 8, 64), "t_min": 256, "t_max": 131072}
 
 
 def cache_tokens_that_fit(
-    capacity_bytes: float, *, batch: int, layers: int, heads: int, head_dim: int, dtype: Any, reserved_bytes: float = 0
+    capacity_bytes: float, *, batch: int, layers: int, heads: int, head_dim: int, dtype: Any, reserved_bytes: float = 0,
+    kv_heads: int | None = None,
 ) -> int:
     """Largest context T (tokens per sequence) whose cache for ``batch`` sequences fits in
-    ``capacity_bytes - reserved_bytes`` (0 when not even one token fits)."""
-    per_token = kv_cache_bytes(batch, layers, heads, 1, head_dim, dtype)  # bytes for one more token in every sequence
+    ``capacity_bytes - reserved_bytes`` (0 when not even one token fits); ``kv_heads`` K/V heads stored."""
+    per_token = kv_cache_bytes(batch, layers, heads, 1, head_dim, dtype, kv_heads=kv_heads)  # one more token, every sequence
     return max(0, int((capacity_bytes - reserved_bytes) // per_token))
 
 
@@ -46,7 +49,8 @@ class _CacheParts:
 
 
 def _cache_data(batch: int, layers: int, heads: int, head_dim: int, dtype: str, reserved_gib: float,
-                capacities_gib: Sequence[float], batches: Sequence[int], t_min: int, t_max: int) -> dict[str, Any]:
+                capacities_gib: Sequence[float], batches: Sequence[int], t_min: int, t_max: int,
+                kv_heads: int | None = None, window: int | None = None) -> dict[str, Any]:
     """Every curve, line and text of the figure, computed (and validated) before any artist is touched."""
     import numpy as np
 
@@ -56,24 +60,31 @@ def _cache_data(batch: int, layers: int, heads: int, head_dim: int, dtype: str, 
     if t_min < 1 or t_max <= t_min:
         raise ValueError(f"need 1 <= t_min < t_max, got t_min={t_min}, t_max={t_max}")
     ts = np.unique(np.geomspace(t_min, t_max, 64).round().astype(int))
+    kv = {"kv_heads": kv_heads, "window": window}
+    stored = kv_heads or heads
     caps = []
     for cap in capacities_gib:
         fit = cache_tokens_that_fit(cap * GiB, batch=batch, layers=layers, heads=heads, head_dim=head_dim, dtype=dtype,
-                                    reserved_bytes=reserved_gib * GiB)
+                                    reserved_bytes=reserved_gib * GiB, kv_heads=kv_heads)
         label = f"{cap:g} GiB" + (f" − {reserved_gib:g} GiB weights" if reserved_gib else "")
-        caps.append((cap - reserved_gib, label, fit if t_min <= fit <= t_max else None))
-    per_tok = kv_cache_bytes(1, layers, heads, 1, head_dim, dtype)
-    last = format_bytes(kv_cache_bytes(batch, layers, heads, int(ts[-1]), head_dim, dtype))
+        if window is not None and fit >= window:  # the rolling cache of `window` tokens fits: so does every T
+            fit, label = None, label + f" (every T fits: window={window:,})"
+        caps.append((cap - reserved_gib, label, fit if fit is not None and t_min <= fit <= t_max else None))
+    per_tok = kv_cache_bytes(1, layers, heads, 1, head_dim, dtype, kv_heads=kv_heads)
+    last = format_bytes(kv_cache_bytes(batch, layers, heads, int(ts[-1]), head_dim, dtype, **kv))
+    saving = f", {heads // stored}× smaller than H={heads}" if stored != heads else ""
     return {
         "key": (tuple(ts), tuple(sorted(set(batches))), tuple(capacities_gib)),
         "ts": ts,
-        "gib": {b: np.array([kv_cache_bytes(b, layers, heads, int(t), head_dim, dtype) for t in ts]) / GiB
+        "gib": {b: np.array([kv_cache_bytes(b, layers, heads, int(t), head_dim, dtype, **kv) for t in ts]) / GiB
                 for b in set(batches) | {batch}},
         "batch": batch,
         "caps": caps,
-        "title": (f"layers={layers}, H={heads}, d_head={head_dim}, {dtype} ({dtype_bytes(dtype)} B/elem): "
-                  f"{format_bytes(per_tok)} per token per sequence\n"
-                  f"= 2 (K,V) × {layers} × {heads} × {head_dim} × {dtype_bytes(dtype)} B; B={batch} at T={ts[-1]:,}: {last}"),
+        "title": (f"layers={layers}, H={heads}, K/V heads={stored}, d_head={head_dim}, {dtype} ({dtype_bytes(dtype)} B/elem): "
+                  f"{format_bytes(per_tok)} per token per sequence{saving}\n"
+                  f"= 2 (K,V) × {layers} × {stored} × {head_dim} × {dtype_bytes(dtype)} B"
+                  + (f", at most {window:,} tokens (window)" if window is not None else "")
+                  + f"; B={batch} at T={ts[-1]:,}: {last}"),
     }
 
 
@@ -140,11 +151,16 @@ def cache_figure(
     batches: Sequence[int] = (1, 8, 64),
     t_min: int = 256,
     t_max: int = 131072,
+    kv_heads: int | None = None,
+    window: int | None = None,
 ) -> Any:
     """Cache GiB against context T (log–log) for ``batch`` (bold) and for each of ``batches`` (thin),
     with one horizontal line per device capacity minus ``reserved_gib`` (memory the weights already
-    take) and, on each, the largest T that fits for ``batch`` marked by a vertical line."""
-    data = _cache_data(batch, layers, heads, head_dim, dtype, reserved_gib, capacities_gib, batches, t_min, t_max)
+    take) and, on each, the largest T that fits for ``batch`` marked by a vertical line.
+    ``kv_heads``: K/V heads stored (grouped-query; None = ``heads``); ``window``: a rolling cache of
+    that many tokens (the curves go flat at T = window, and a capacity that holds it fits every T)."""
+    data = _cache_data(batch, layers, heads, head_dim, dtype, reserved_gib, capacities_gib, batches, t_min, t_max,
+                       kv_heads, window)
     fig, parts = _cache_layout(data["key"])
     _cache_fill(parts, data)
     fig.tight_layout()
@@ -164,6 +180,12 @@ def update_cache_figure(fig: Any, **options: Any) -> bool:
     return True
 
 
+def _optional(value: int | None, options: Sequence[int], none_label: str) -> list[tuple[str, int | None]]:
+    """Dropdown ``(label, value)`` pairs: ``none_label`` for None, then ``options`` (and ``value``), sorted."""
+    numbers = choices(value, options) if value is not None else sorted(options)
+    return [(none_label, None)] + [(f"{n:,}", n) for n in numbers]
+
+
 def cache_explorer(
     *,
     batch: int = 1,
@@ -172,9 +194,12 @@ def cache_explorer(
     head_dim: int = 128,
     dtype: str = "fp16",
     reserved_gib: float = 0.0,
+    kv_heads: int | None = None,
+    window: int | None = None,
     **fixed: Any,
 ) -> Any:
-    """Interactive :func:`cache_figure`: B, layers, H, d_head, dtype and the GiB the weights take.
+    """Interactive :func:`cache_figure`: B, layers, H, K/V heads (None = H), window (None = off),
+    d_head, dtype and the GiB the weights take.
     Other :func:`cache_figure` arguments (``capacities_gib``, ``batches``, ``t_min``, ``t_max``) go
     through ``fixed``. Live in JupyterLab (returns the widget box); headless it shows and returns
     the static figure."""
@@ -186,6 +211,10 @@ def cache_explorer(
         "layers": widgets.IntSlider(value=layers, min=1, max=max(96, layers), description="layers", continuous_update=False),
         "heads": widgets.Dropdown(options=choices(heads, [1, 2, 4, 8, 16, 32, 64]), value=heads, description="H",
                                   layout=widgets.Layout(width="130px")),
+        "kv_heads": widgets.Dropdown(options=_optional(kv_heads, [1, 2, 4, 8, 16, 32, 64], "= H"), value=kv_heads,
+                                     description="K/V heads", layout=widgets.Layout(width="170px")),
+        "window": widgets.Dropdown(options=_optional(window, [1024, 4096, 8192, 32768], "off"), value=window,
+                                   description="window", layout=widgets.Layout(width="170px")),
         "head_dim": widgets.Dropdown(options=choices(head_dim, [32, 64, 128, 256]), value=head_dim, description="d_head",
                                      layout=widgets.Layout(width="150px")),
         "dtype": widgets.ToggleButtons(options=["fp32", "bf16", "fp16"], value=dtype, description="dtype",

@@ -1,0 +1,205 @@
+"""Grouped-query and multi-query attention: exact against PyTorch on every backend, with and without the cache."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tinytf
+from tinytf import (
+    CausalSelfAttention,
+    KVCache,
+    ModelConfig,
+    MultiHeadAttention,
+    TinyLanguageModel,
+    causal_mask,
+    generate,
+    load_checkpoint,
+    padding_mask,
+    repeat_kv,
+    save_checkpoint,
+    to_grouped_query,
+)
+from tinytf.grouped import kv_head_of
+
+BACKENDS = ["explicit", "sdpa", "tiled"]
+
+
+def reference(attn: MultiHeadAttention, x, context=None, mask=None, is_causal=False, share="gqa"):
+    """The layer's output computed from its weights by hand: F.sdpa(enable_gqa=True), or explicit
+    repetition of the K/V heads (``share="interleave"``) — never through the module's own forward."""
+    h, kv, d = attn.heads, attn.kv_heads, attn.head_dim
+    w_q, w_k, w_v = attn.qkv.weight.split([attn.dim, kv * d, kv * d])
+    b_q, b_k, b_v = attn.qkv.bias.split([attn.dim, kv * d, kv * d])
+    src = x if context is None else context
+    q = F.linear(x, w_q, b_q).unflatten(-1, (h, d)).transpose(1, 2)  # [B, H, Tq, d]
+    k = F.linear(src, w_k, b_k).unflatten(-1, (kv, d)).transpose(1, 2)  # [B, kv, Tk, d]
+    v = F.linear(src, w_v, b_v).unflatten(-1, (kv, d)).transpose(1, 2)
+    if is_causal:
+        causal = causal_mask(q.size(-2), k.size(-2), device=x.device)
+        mask = causal if mask is None else mask & causal
+    if share == "gqa":
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    else:
+        g = h // kv
+        out = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=mask)
+    return attn.proj(out.transpose(1, 2).flatten(-2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 1), (6, 3), (6, 2), (4, 4)])
+@pytest.mark.parametrize("share", ["gqa", "interleave"])
+def test_matches_pytorch_enable_gqa_and_explicit_repetition(device, backend, heads, kv_heads, share):
+    torch.manual_seed(heads * 10 + kv_heads)
+    attn = MultiHeadAttention(12 * heads, heads, kv_heads=kv_heads, backend=backend).to(device).eval()
+    x, ctx = torch.randn(2, 7, 12 * heads, device=device), torch.randn(2, 9, 12 * heads, device=device)
+    pad = padding_mask([9, 4], 9, device=device)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), reference(attn, x, share=share))
+        torch.testing.assert_close(attn(x, is_causal=True), reference(attn, x, is_causal=True, share=share))
+        torch.testing.assert_close(attn(x, ctx, pad), reference(attn, x, ctx, pad, share=share))
+        torch.testing.assert_close(attn(x, ctx, is_causal=True), reference(attn, x, ctx, is_causal=True, share=share))
+
+
+def test_backends_agree_on_gradients(device):
+    torch.manual_seed(5)
+    layers = [CausalSelfAttention(32, 8, 16, kv_heads=2, backend=be).to(device) for be in BACKENDS]
+    for other in layers[1:]:
+        other.load_state_dict(layers[0].state_dict())
+    x = torch.randn(2, 11, 32, device=device)
+    grads = []
+    for layer in layers:
+        layer(x).square().sum().backward()
+        grads.append([p.grad for p in layer.parameters()])
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_repeat_is_not_repeat_interleave():
+    """The classic silent mistake: ``repeat`` tiles the K/V heads (k0 k1 k0 k1), ``repeat_interleave``
+    gives each its group (k0 k0 k1 k1). Same shapes, different attention."""
+    heads, kv_heads, groups = 4, 2, 2
+    k = torch.randn(1, kv_heads, 5, 8)
+    interleaved, tiled = k.repeat_interleave(groups, dim=1), k.repeat(1, groups, 1, 1)
+    assert interleaved.shape == tiled.shape == (1, heads, 5, 8)
+    assert torch.equal(repeat_kv(k, groups), interleaved)
+    for h in range(heads):
+        assert torch.equal(interleaved[:, h], k[:, kv_head_of(h, heads, kv_heads)])  # h // groups
+        assert torch.equal(tiled[:, h], k[:, h % kv_heads])  # the wrong head for h = 1 and 2
+    assert not torch.equal(interleaved, tiled)
+    q, v = torch.randn(1, heads, 3, 8), torch.randn(1, kv_heads, 5, 8)
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(tinytf.scaled_dot_product_attention(q, interleaved, repeat_kv(v, groups)), want)
+    wrong = tinytf.scaled_dot_product_attention(q, tiled, v.repeat(1, groups, 1, 1))
+    assert not torch.allclose(wrong, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_query_head_h_reads_kv_head_h_over_groups(backend):
+    attn = MultiHeadAttention(48, 6, kv_heads=2, backend=backend).eval()
+    q, k, v = torch.randn(1, 6, 4, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    base = attn.attend(q, k, v, None, False)
+    v2 = v.clone()
+    v2[:, 1] += 1.0  # change K/V head 1 only
+    changed = (attn.attend(q, k, v2, None, False) - base).abs().amax(dim=(0, 2, 3)) > 1e-6  # per query head
+    assert changed.tolist() == [kv_head_of(h, 6, 2) == 1 for h in range(6)] == [False] * 3 + [True] * 3
+
+
+def test_multi_head_layout_and_outputs_unchanged():
+    torch.manual_seed(0)
+    old = MultiHeadAttention(32, 4)
+    for kv in (None, 4):
+        new = MultiHeadAttention(32, 4, kv_heads=kv)
+        assert {n: p.shape for n, p in new.named_parameters()} == {n: p.shape for n, p in old.named_parameters()}
+        assert new.qkv.weight.shape == (96, 32)
+        new.load_state_dict(old.state_dict())
+        x = torch.randn(2, 5, 32)
+        torch.testing.assert_close(new(x, is_causal=True), old(x, is_causal=True), atol=0, rtol=0)
+    gqa = MultiHeadAttention(32, 4, kv_heads=2)
+    assert gqa.qkv.weight.shape == (32 + 2 * 2 * 8, 32) and gqa.kv_heads == 2 and gqa.groups == 2
+
+
+def test_kv_heads_must_divide_heads():
+    for bad in (3, 0, 5, 8):
+        with pytest.raises(ValueError, match=rf"kv_heads={bad} does not divide heads=4.*among \[1, 2, 4\]"):
+            MultiHeadAttention(32, 4, kv_heads=bad)
+    with pytest.raises(ValueError, match=r"kv_heads=3 does not divide heads=4"):
+        ModelConfig(dim=32, heads=4, kv_heads=3)
+    with pytest.raises(ValueError, match="kv_heads must be an integer"):
+        ModelConfig(dim=32, heads=4, kv_heads=True)
+
+
+def test_config_kv_heads_defaults_and_canonical_form(tmp_path):
+    assert ModelConfig(heads=4, kv_heads=4) == ModelConfig(heads=4)
+    assert ModelConfig(heads=4, kv_heads=4).kv_heads is None and ModelConfig(heads=4).n_kv_heads == 4
+    assert ModelConfig(heads=4, kv_heads=1).n_kv_heads == 1
+    old = {"vocab": 7, "dim": 12, "heads": 3, "layers": 1, "max_tokens": 5}  # a dict from before the field
+    assert ModelConfig.from_dict(old).kv_heads is None and ModelConfig.from_dict(old).window is None
+    model = TinyLanguageModel(vocab=20, dim=16, heads=4, layers=2, max_tokens=8, kv_heads=2).eval()
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "g.pt", model)).model.eval()
+    assert loaded.config.kv_heads == 2
+    ids = torch.randint(0, 20, (2, 8))
+    torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_cache_stores_kv_heads_and_decoding_matches_recomputation(device, backend, kv_heads):
+    torch.manual_seed(kv_heads)
+    model = TinyLanguageModel(vocab=40, dim=32, heads=4, layers=2, max_tokens=24, backend=backend,
+                              kv_heads=kv_heads).to(device).eval()
+    ids = torch.randint(0, 40, (3, 18), device=device)
+    cache = KVCache.for_model(model, batch=3)
+    assert cache.shape == (2, 3, kv_heads, 24, 8)
+    mha = KVCache.for_model(TinyLanguageModel(vocab=40, dim=32, heads=4, layers=2, max_tokens=24), batch=3)
+    assert mha.nbytes() == cache.nbytes() * (4 // kv_heads)
+    with torch.no_grad():
+        full = model(ids)
+        torch.testing.assert_close(model(ids[:, :6], cache=cache), full[:, :6], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(ids[:, 6:9], cache=cache), full[:, 6:9], atol=1e-5, rtol=1e-5)  # chunk
+        for t in range(9, 18):
+            torch.testing.assert_close(model(ids[:, t : t + 1], cache=cache)[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+    prompt = ids[:, :4]
+    assert torch.equal(generate(model, prompt, 16, temperature=0), generate(model, prompt, 16, temperature=0, use_cache=False))
+
+
+def test_to_grouped_query_with_as_many_heads_is_the_identity():
+    torch.manual_seed(2)
+    model = TinyLanguageModel(vocab=30, dim=32, heads=4, layers=2, max_tokens=16).eval()
+    same = to_grouped_query(model, 4)
+    assert same is not model and same.config == model.config
+    ids = torch.randint(0, 30, (2, 16))
+    torch.testing.assert_close(same(ids), model(ids), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_to_grouped_query_mean_pools_each_group(kv_heads):
+    torch.manual_seed(3)
+    model = TinyLanguageModel(vocab=30, dim=48, heads=4, layers=2, max_tokens=16)
+    before = {n: p.clone() for n, p in model.state_dict().items()}
+    gqa = to_grouped_query(model, kv_heads)
+    assert gqa.config.n_kv_heads == kv_heads and gqa.training
+    assert all(torch.equal(p, before[n]) for n, p in model.state_dict().items())  # the original is untouched
+    d, groups = 12, 4 // kv_heads
+    for i in range(2):
+        for part in ("weight", "bias"):
+            src = getattr(model.blocks[i].attn.qkv, part).detach()
+            out = getattr(gqa.blocks[i].attn.qkv, part).detach()
+            assert torch.equal(out[:48], src[:48])  # W_q copied
+            for which in range(2):  # K then V
+                heads_src = src[48 + which * 48 : 48 + (which + 1) * 48].unflatten(0, (4, d))  # [4, d, ...]
+                heads_out = out[48 + which * kv_heads * d : 48 + (which + 1) * kv_heads * d].unflatten(0, (kv_heads, d))
+                for j in range(kv_heads):
+                    torch.testing.assert_close(heads_out[j], heads_src[j * groups : (j + 1) * groups].mean(0))
+    for name, p in gqa.state_dict().items():
+        if ".attn.qkv." not in name:
+            assert torch.equal(p, before[name])
+    # pooling twice (4 -> 2 -> 1) is pooling once (4 -> 1)
+    torch.testing.assert_close(to_grouped_query(to_grouped_query(model, 2), 1).state_dict(), to_grouped_query(model, 1).state_dict())
+
+
+def test_to_grouped_query_refuses_groups_that_do_not_pool():
+    model = TinyLanguageModel(vocab=30, dim=48, heads=6, layers=1, max_tokens=8, kv_heads=3)
+    with pytest.raises(ValueError, match=r"kv_heads=2 must divide the model's 3 K/V heads.*\[1, 3\]"):
+        to_grouped_query(model, 2)
+    assert to_grouped_query(model, 1).config.n_kv_heads == 1
