@@ -144,24 +144,28 @@ def save(nb: dict | str | bytes, path: Path) -> Path:
     return path
 
 
+def _split_regions(solution: dict, region: str) -> tuple[list[str], list[str]]:
+    """The lines inside nbgrader's ``### BEGIN <region>`` … ``### END <region>`` blocks, and the rest."""
+    inside, outside = [], []
+    for cell in solution["cells"]:
+        on = False
+        for line in src(cell).split("\n"):
+            if f"BEGIN {region}" in line:
+                on = True
+            elif f"END {region}" in line:
+                on = False
+            else:
+                (inside if on else outside).append(line)
+    return inside, outside
+
+
 def hidden_tokens(solution: dict, *, feedback: bool = False) -> set[str]:
     """Distinctive text of the hidden-test blocks that appears nowhere outside them: whole lines (>= 12
     chars), identifiers (>= 6 chars; with ``feedback`` only those with '_' or a digit, which HTML
     boilerplate does not contain) and string literals (>= 8 chars)."""
     import re
 
-    inside, outside = [], []
-    for cell in solution["cells"]:
-        hidden = False
-        for line in src(cell).split("\n"):
-            if "BEGIN HIDDEN TESTS" in line:
-                hidden = True
-            elif "END HIDDEN TESTS" in line:
-                hidden = False
-            elif hidden:
-                inside.append(line)
-            else:
-                outside.append(line)
+    inside, outside = _split_regions(solution, "HIDDEN TESTS")
     ids = [c["metadata"].get("nbgrader", {}).get("grade_id", "") for c in solution["cells"]]
     rest = "\n".join(outside + ids)
     tokens = {line.strip() for line in inside if len(line.strip()) >= 12 and line.strip() not in rest}
@@ -178,17 +182,8 @@ def solution_only_lines(solution: dict) -> set[str]:
     outside them: what must never reach a student (released exercises, the book)."""
     import re
 
-    inside, outside, on = [], [], False
-    for cell in solution["cells"]:
-        for line in src(cell).split("\n"):
-            if "### BEGIN SOLUTION" in line:
-                on = True
-            elif "### END SOLUTION" in line:
-                on = False
-            elif on:
-                inside.append(line.strip())
-            else:
-                outside.append(line)
+    inside, outside = _split_regions(solution, "SOLUTION")
+    inside = [line.strip() for line in inside]
     rest = "\n".join(outside)
     return {line for line in inside if len(line) >= 10 and line not in rest and not re.fullmatch(r"[#\s\w]*", line)}
 
