@@ -157,20 +157,21 @@ def _name_unmasked(fn: Callable, ran: list[tuple[TiledProbe, torch.Tensor]]) -> 
         if not _ones_rows(fn, p):
             return [found(Pitfall.NO_FINAL_DIVISION, "the output is not divided by l",
                           "with a single key tile and v = ones every output row should be ones; yours are the unnormalised "
-                          "sums acc = Σ exp(s - m) v.", where=p.where())]
+                          "sums acc = Σ exp(s - m) v.", where=f"Seen {p.where()}.")]
         return [_differs(p, o, "even with one tile, where no online softmax is needed")]
     if bad["falling"]:
         p, o = bad["falling"][0]
         if not _ones_rows(fn, p):
             return [found(Pitfall.NO_FINAL_DIVISION, "the output is divided by l per tile",
                           "right with one key tile, wrong with several even though the maximum never grows: with v = ones the "
-                          "rows are not ones. Dividing inside the loop mixes normalised and unnormalised sums.", where=p.where())]
+                          "rows are not ones. Dividing inside the loop mixes normalised and unnormalised sums.",
+                          where=f"Seen {p.where()}.")]
         return [_differs(p, o, "with several key tiles although each row's maximum is in the first one")]
     if bad["rising"]:
         p, o = bad["rising"][0]
         return [found(Pitfall.ACC_NOT_RESCALED, "the running sums are not rescaled when the maximum grows",
                       f"right while each row's maximum sits in the first key tile, wrong (by up to {_maxdiff(o, reference(p)):.3g}) "
-                      "when every later tile raises it.", where=p.where())]
+                      "when every later tile raises it.", where=f"Seen {p.where()}.")]
     if bad["random"]:
         return [_differs(*bad["random"][0], "on random inputs")]
     return []
@@ -195,12 +196,12 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
         if not torch.isfinite(out).all():
             why = ("its first key tile is entirely masked, so m is still -inf and exp(-inf - -inf) = NaN"
                    if p.kind == "left padding" else "a row that may see nothing ends with l = 0 and acc / l = 0 / 0")
-            return [found(Pitfall.MASKED_TILE_NAN, "NaN from a fully masked tile or row", f"{why}.", where=p.where())]
+            return [found(Pitfall.MASKED_TILE_NAN, "NaN from a fully masked tile or row", f"{why}.", where=f"Seen {p.where()}.")]
         if not _close(out, reference(p)):
             empty = p.kind == "empty rows" and not _close(out[..., ::3, :], torch.zeros_like(out[..., ::3, :]))
             what = "rows that may see nothing must be zeros" if empty else "masked keys must get exactly zero weight"
             return [found(Pitfall.MASK, "masked tiled attention differs from the reference",
-                          f"{what}: mask each tile's scores with -inf before the update.", where=p.where())]
+                          f"{what}: mask each tile's scores with -inf before the update.", where=f"Seen {p.where()}.")]
     return []
 
 

@@ -47,7 +47,8 @@ def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
     if (reads & ~allowed).any():
         i, j = (int(x) for x in (reads & ~allowed).nonzero()[0])
         return found(Pitfall.CAUSAL_OFF_BY_ONE, "a query reads a future key",
-                     f"query {i} reads key {j} > {offset + i}: the mask inside the diagonal tiles lets the future leak.", where=where)
+                     f"query {i} reads key {j} > {offset + i}: the mask inside the diagonal tiles lets the future leak.",
+                     where=f"Seen {where}.")
     own = reads[torch.arange(tq), torch.arange(tq) + offset]
     if own.all():
         return None
@@ -58,11 +59,11 @@ def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
     if start < offset + i and reads[i, start:offset + i].all():
         return found(Pitfall.CAUSAL_OFF_BY_ONE, "a query does not read its own key",
                      f"query {i} reads keys {start}..{offset + i - 1} of its diagonal tile but not key {offset + i} itself: the "
-                     "causal mask inside the tile is off by one (query i may read key j when j <= Tk - Tq + i).", where=where)
+                     "causal mask inside the tile is off by one (query i may read key j when j <= Tk - Tq + i).", where=f"Seen {where}.")
     return found(Pitfall.DIAGONAL_TILE_SKIPPED, "the diagonal tile is skipped",
                  f"query {i} reads none of keys {start}..{offset + i} — the key tile that holds its own key was never "
                  f"computed{' (row 0 has nothing to attend to)' if not reads[0].any() else ''}. Only key blocks that start at "
-                 "or after Tk - Tq + q1 lie wholly in the future.", where=where)
+                 "or after Tk - Tq + q1 lie wholly in the future.", where=f"Seen {where}.")
 
 
 def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], gen: torch.Generator) -> Finding | None:
