@@ -44,6 +44,12 @@ def test_every_test_cell_has_a_judge_and_a_probe():
     graded = [gid for gid, c in _cells().items() if c.metadata["nbgrader"].get("grade") and c.cell_type == "code"]
     assert sorted(graded) == sorted(TESTS) == sorted(ex09.PROBES)
     assert all(gid in JUDGES for gid in TESTS)
+    for gid in TESTS:
+        hidden = _cells()[gid].source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+        assert hidden.count("record(") == 1 and f'judged_record("{gid}"' in hidden, gid
+        assert ".seed()" in hidden and f'PROBES["{gid}"]' in hidden.replace("_probes9", "PROBES"), f"{gid}: fresh inputs from its probe"
+    points = {gid: c.metadata["nbgrader"].get("points", 0) for gid, c in _cells().items() if c.metadata["nbgrader"].get("grade")}
+    assert points == {"ex09_update": 4, "ex09_tiled": 6, "ex09_memory": 2, "ex09_causal": 4, "ex09_explain": 2}
 
 
 @pytest.fixture(scope="module")
