@@ -10,7 +10,20 @@ from .attention import scaled_dot_product_attention
 from .bench import BenchResult, benchmark
 from .block import TransformerBlock
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from .checks import CATALOG, PITFALLS, Finding, Pitfall, diagnose_attention, diagnose_block, diagnose_causal_mask, diagnose_lm_loss, report
+from .checks import (
+    CATALOG,
+    PITFALLS,
+    Finding,
+    Pitfall,
+    diagnose_attention,
+    diagnose_block,
+    diagnose_causal_mask,
+    diagnose_causal_tiles,
+    diagnose_lm_loss,
+    diagnose_online_softmax,
+    diagnose_tiled_attention,
+    report,
+)
 from .device import describe_device, pick_device, synchronize
 from .grouped import repeat_kv, to_grouped_query
 from .heads import CausalSelfAttention, MultiHeadAttention
@@ -67,4 +80,7 @@ __all__ = [
     "diagnose_causal_mask",
     "diagnose_block",
     "diagnose_lm_loss",
+    "diagnose_online_softmax",
+    "diagnose_tiled_attention",
+    "diagnose_causal_tiles",
 ]

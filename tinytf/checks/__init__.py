@@ -9,9 +9,9 @@ some inputs only (only when ``Tq == Tk``, only with a mask, only for left paddin
 the message says which inputs show it.
 
 ``Finding.pitfall`` is a :class:`Pitfall` from the catalog (:mod:`tinytf.checks.catalog`), the one
-place that names, teaches and fixes each mistake; ``int(pitfall)`` is its number in chapter 08
-(``Pitfall.GENERAL`` = 0: the code raised, returned the wrong type, changed its inputs, ...).
-``glance_table()`` is chapter 08's table of all fourteen.
+place that names, teaches and fixes each mistake; ``int(pitfall)`` is its number: 1-14 in chapter 08,
+15-18 in chapter 10 (``Pitfall.GENERAL`` = 0: the code raised, returned the wrong type, changed its
+inputs, ...). ``glance_table()`` is chapter 08's table of its fourteen (``chapter="10"``: tiled attention's).
 
 Usage::
 
@@ -22,7 +22,8 @@ Every detector catches exceptions from the code under test and turns them into a
 half-written function (``raise NotImplementedError``) is diagnosed, not crashed on.
 
 Layout: ``catalog`` (the pitfalls), ``findings`` (Finding, report), ``probe`` (shared probe helpers),
-``attention`` + ``attention_refs``, ``masks`` (causal masks), ``block``, ``loss``.
+``attention`` + ``attention_refs``, ``masks`` (causal masks), ``block``, ``loss``, ``tiled`` (online softmax,
+tiled and causal-tiled attention).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from .probe import _maxdiff as _maxdiff
 from .probe import _one_thread as _one_thread
 from .probe import _quietly as _quietly
 from .probe import _rand_mask as _rand_mask
+from .tiled import diagnose_online_softmax, diagnose_tiled_attention
+from .tiled_causal import diagnose_causal_tiles
 
 __all__ = [
     "Finding",
@@ -55,4 +58,7 @@ __all__ = [
     "diagnose_causal_mask",
     "diagnose_block",
     "diagnose_lm_loss",
+    "diagnose_online_softmax",
+    "diagnose_tiled_attention",
+    "diagnose_causal_tiles",
 ]

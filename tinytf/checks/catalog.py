@@ -2,7 +2,9 @@
 
 Chapter 08's "at a glance" table, every ``diagnose_*`` finding, ``tinytf validate`` and the
 exercises' feedback read from here. Refer to a pitfall by name (``Pitfall.SCALE``), never by a
-bare number; the numbers are the article's list (chapter 08's sections), kept for readers.
+bare number; the numbers are the article's list (chapter 08's sections, 1-14), kept for readers, then
+chapter 10's tiled-attention pitfalls (15-18). ``glance_table()`` lists one chapter's pitfalls
+(chapter 08's fourteen by default).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ __all__ = ["Pitfall", "Entry", "CATALOG", "PITFALLS", "glance_table"]
 
 
 class Pitfall(IntEnum):
-    """A classic mistake; ``int(p)`` is its number in chapter 08 (0 = not one of the fourteen)."""
+    """A classic mistake; ``int(p)`` is its number: 1-14 in chapter 08, 15-18 in chapter 10 (tiled attention),
+    0 = a general problem that is none of them."""
 
     GENERAL = 0
     SCALE = 1
@@ -31,6 +34,10 @@ class Pitfall(IntEnum):
     COLD_TIMING = 12
     UNSHIFTED_TARGETS = 13
     PADDING_IN_LOSS = 14
+    ACC_NOT_RESCALED = 15
+    NO_FINAL_DIVISION = 16
+    MASKED_TILE_NAN = 17
+    DIAGONAL_TILE_SKIPPED = 18
 
     @property
     def entry(self) -> Entry:
@@ -70,12 +77,13 @@ class Entry:
 
 
 _S = "08_pitfalls.ipynb § Pitfall "
+_T = "10_tiled_attention.ipynb § "
 CATALOG: dict[Pitfall, Entry] = {
     Pitfall.GENERAL: Entry(
-        "general problem (not one of the fourteen)", "general problem", "09_exercises.ipynb",
+        "general problem (none of the named pitfalls)", "general problem", "09_exercises.ipynb",
         "the code raised, returned the wrong type or changed its inputs", "every diagnose_*",
         "read the message: it names the input and what differs",
-        "一般问题（不属于十四个陷阱）", "代码抛出异常、返回类型不对或修改了输入", "阅读提示：它会指出哪个输入、哪里不同"),
+        "一般问题（不属于任何已命名的陷阱）", "代码抛出异常、返回类型不对或修改了输入", "阅读提示：它会指出哪个输入、哪里不同"),
     Pitfall.SCALE: Entry(
         "missing or wrong 1/sqrt(d_head) scaling", "no `1/sqrt(d_head)` (or `1/sqrt(D)`)", _S + "1",
         "softmax sharpens as heads widen", "`diagnose_attention`", "divide by `sqrt(q.size(-1))`",
@@ -136,23 +144,51 @@ CATALOG: dict[Pitfall, Entry] = {
         "padding counted in the loss", "padding in the loss", _S + "14",
         "loss changes when padding is added", "`diagnose_lm_loss`", "`ignore_index=pad_id`, divide by real tokens",
         "损失中计入了填充", "添加填充后损失发生变化", "`ignore_index=pad_id`，只除以真实 token 数"),
+    Pitfall.ACC_NOT_RESCALED: Entry(
+        "accumulator not rescaled when the running maximum grows", "`acc` (or `l`) not rescaled by `exp(m - m_new)`",
+        _T + "the online softmax",
+        "right while the first tile holds each row's maximum, wrong once a later tile raises it", "`diagnose_online_softmax`, "
+        "`diagnose_tiled_attention`", "`alpha = exp(m - m_new)`; `l = alpha * l + p.sum(-1)`, `acc = alpha * acc + p @ v`",
+        "运行最大值变大时没有重新缩放累加器", "每行最大值都在第一块时结果正确，后面的块抬高最大值后就出错",
+        "`alpha = exp(m - m_new)`；`l = alpha * l + p.sum(-1)`，`acc = alpha * acc + p @ v`"),
+    Pitfall.NO_FINAL_DIVISION: Entry(
+        "the division by l forgotten, or done per tile", "`acc / l` missing or inside the tile loop", _T + "the online softmax",
+        "with v = ones the rows are not ones; right with one key tile only when done per tile",
+        "`diagnose_tiled_attention`", "divide `acc / l` once, after the last key tile",
+        "忘了除以 l，或者每个块都除一次", "v 全为 1 时输出不是全 1；若每块都除，只有一个键块时才正确",
+        "在最后一个键块之后只做一次 `acc / l`"),
+    Pitfall.MASKED_TILE_NAN: Entry(
+        "NaN from a tile whose every entry is masked (-inf - -inf)", "`exp(-inf - -inf)` in a fully masked tile or row",
+        _T + "masks and empty rows",
+        "NaN rows when a row's first key tile is all masked, or the row may see nothing", "`diagnose_online_softmax`, "
+        "`diagnose_tiled_attention`", "subtract `m_new.masked_fill(m_new == -inf, 0)`; divide by `l` only where `l > 0`",
+        "整块都被掩码时产生 NaN（-inf 减 -inf）", "某行的第一个键块全被掩码，或整行什么都不能看时，输出出现 NaN",
+        "减去 `m_new.masked_fill(m_new == -inf, 0)`；只在 `l > 0` 处除以 `l`"),
+    Pitfall.DIAGONAL_TILE_SKIPPED: Entry(
+        "the diagonal tile skipped under a causal mask", "causal skipping drops the diagonal tile", _T + "causal tile skipping",
+        "a query never reads its own key (row 0 empty: zeros or NaN)", "`diagnose_causal_tiles`",
+        "skip only key blocks starting at or after `Tk - Tq + q1`; mask inside the diagonal tile",
+        "因果掩码下跳过了对角线上的块", "查询读不到自己的键（第 0 行为空：全零或 NaN）",
+        "只跳过起点不小于 `Tk - Tq + q1` 的键块；对角线块内部用掩码"),
 }
 
 # number -> title, for code that still holds a plain int (e.g. findings read back from JSON)
 PITFALLS: dict[int, str] = {int(p): e.title for p, e in CATALOG.items()}
 
 
-def glance_table(lang: str | None = None) -> str:
-    """Chapter 08's "the fourteen at a glance" table as markdown, in English or Chinese (``"zh"``);
-    by default in the running notebook's language (:func:`tinytf.language.notebook_language`)."""
+def glance_table(lang: str | None = None, *, chapter: str = "08") -> str:
+    """The "at a glance" table of the pitfalls that chapter ``chapter`` teaches, as markdown: chapter 08's
+    fourteen by default, ``chapter="10"`` for tiled attention's. In English or Chinese (``"zh"``); by
+    default in the running notebook's language (:func:`tinytf.language.notebook_language`)."""
     if lang is None:
         from ..language import notebook_language
 
         lang = notebook_language()
+    chosen = [(p, e) for p, e in CATALOG.items() if p and e.section.startswith(f"{chapter}_")]
     if lang == "zh":
         head = "| # | 陷阱 | 症状 | 检测 | 修复 |\n|---|---|---|---|---|"
-        rows = [f"| {int(p)} | {e.title_zh} | {e.symptom_zh} | {e.detector} | {e.fix_zh} |" for p, e in CATALOG.items() if p]
+        rows = [f"| {int(p)} | {e.title_zh} | {e.symptom_zh} | {e.detector} | {e.fix_zh} |" for p, e in chosen]
     else:
         head = "| # | pitfall | symptom | detector | fix |\n|---|---|---|---|---|"
-        rows = [f"| {int(p)} | {e.short} | {e.symptom} | {e.detector} | {e.fix} |" for p, e in CATALOG.items() if p]
+        rows = [f"| {int(p)} | {e.short} | {e.symptom} | {e.detector} | {e.fix} |" for p, e in chosen]
     return "\n".join([head, *rows])

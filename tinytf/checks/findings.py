@@ -12,8 +12,8 @@ __all__ = ["Finding", "report", "found"]
 
 @dataclass(frozen=True)
 class Finding:
-    """One diagnosed problem: ``pitfall`` (a :class:`Pitfall`; ``Pitfall.GENERAL`` = not one of the
-    fourteen), a short ``title`` and a ``message`` that explains the evidence and the fix."""
+    """One diagnosed problem: ``pitfall`` (a :class:`Pitfall`; ``Pitfall.GENERAL`` = none of the
+    named pitfalls), a short ``title`` and a ``message`` that explains the evidence and the fix."""
 
     pitfall: Pitfall
     title: str

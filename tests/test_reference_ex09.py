@@ -1,0 +1,167 @@
+"""Exercise 9's judges, probes and self-check diagnosis, on the instructor notebook's own code.
+
+The solution cells run in one namespace; every test cell (visible and hidden parts) records, and every
+record satisfies its judge; wrong values on the recorded inputs are rejected with a message; ``diagnose``
+is silent on the solution, names each chapter-10 pitfall on a wrong student function, and judges parts
+B and C on tinytf's ``online_softmax_update`` (each task on its own).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from tinytf.checks import Pitfall
+from tinytf.course.judges import JUDGES, load_all, run_judge
+from tinytf.course.record import RECORD_ENV, load_records
+from tinytf.course.reference import ex09
+
+ROOT = Path(__file__).resolve().parents[1]
+NEG_INF = float("-inf")
+TESTS = ("ex09_update", "ex09_tiled", "ex09_memory", "ex09_causal")
+
+
+def _cells() -> dict[str, nbformat.NotebookNode]:
+    nb = nbformat.read(ROOT / "solutions" / "ex09_tiled_attention.ipynb", as_version=4)
+    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells if "nbgrader" in c.metadata}
+
+
+@pytest.fixture(scope="module")
+def ns() -> dict:
+    cells = _cells()
+    space: dict = {"__name__": "__main__", "device": "cpu", "fast": True}
+    for gid in ("ex09_setup", "ex09_update_code", "ex09_mask_helper", "ex09_tiled_code", "ex09_causal_code"):
+        exec(compile(cells[gid].source, f"<{gid}>", "exec"), space)  # noqa: S102 - our own notebook code
+    return space
+
+
+def test_every_test_cell_has_a_judge_and_a_probe():
+    load_all()
+    graded = [gid for gid, c in _cells().items() if c.metadata["nbgrader"].get("grade") and c.cell_type == "code"]
+    assert sorted(graded) == sorted(TESTS) == sorted(ex09.PROBES)
+    assert all(gid in JUDGES for gid in TESTS)
+    for gid in TESTS:
+        hidden = _cells()[gid].source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+        assert hidden.count("record(") == 1 and f'judged_record("{gid}"' in hidden, gid
+        assert ".seed()" in hidden and f'PROBES["{gid}"]' in hidden.replace("_probes9", "PROBES"), f"{gid}: fresh inputs from its probe"
+    points = {gid: c.metadata["nbgrader"].get("points", 0) for gid, c in _cells().items() if c.metadata["nbgrader"].get("grade")}
+    assert points == {"ex09_update": 4, "ex09_tiled": 6, "ex09_memory": 2, "ex09_causal": 4, "ex09_explain": 2}
+
+
+@pytest.fixture(scope="module")
+def records(ns, tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("ex09_records")
+    cells = _cells()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(RECORD_ENV, str(folder))
+        for gid in TESTS:
+            exec(compile(cells[gid].source, f"<{gid}>", "exec"), ns)  # noqa: S102
+    found = load_records(folder)
+    assert sorted(found) == sorted(TESTS)
+    return found
+
+
+def test_the_solution_satisfies_every_judge(records):
+    for gid, rec in records.items():
+        ok, msg = run_judge(gid, rec["value"], rec["inputs"])
+        assert ok, f"{gid}: {msg}"
+
+
+def test_the_hidden_inputs_are_the_hard_ones(records):
+    up = records["ex09_update"]["inputs"]
+    assert bool((up["scores"][:, -1] == NEG_INF).all()) and up["scores"].size(-1) > 2 * up["block_k"], "a fully masked row, 3+ tiles"
+    tiled = records["ex09_tiled"]["inputs"]
+    assert tiled["q"].size(-2) != tiled["k"].size(-2) and tiled["k"].size(-2) % tiled["block_k"]
+    assert not bool(tiled["empty_rows"].any(-1).all()), "some rows may see nothing"
+    causal = records["ex09_causal"]["inputs"]
+    assert causal["k"].size(-2) == causal["q"].size(-2) < causal["k_long"].size(-2)
+
+
+def _rejects(gid: str, value, inputs, words: str) -> None:
+    ok, msg = run_judge(gid, value, inputs)
+    assert not ok and words in msg, msg
+
+
+def test_wrong_values_are_rejected_with_a_message(records):
+    rec = records["ex09_update"]
+    bad_l = dict(rec["value"], l=rec["value"]["l"] * 1.5)
+    _rejects("ex09_update", bad_l, rec["inputs"], "the running sum l differs")
+    nan = dict(rec["value"], acc=rec["value"]["acc"] * float("nan"))
+    _rejects("ex09_update", nan, rec["inputs"], "inf or NaN")
+
+    rec = records["ex09_tiled"]
+    unnormalised = dict(rec["value"], rising=rec["value"]["rising"] * 2.0)
+    _rejects("ex09_tiled", unnormalised, rec["inputs"], "tiled_forward (rising) differs")
+
+    rec = records["ex09_memory"]
+    q = rec["inputs"]["q"]
+    full = 2 * q.size(0) * q.size(1) * q.size(-2) ** 2 * 4  # scores and weights: two [B, H, T, T] float32 tensors
+    _rejects("ex09_memory", dict(rec["value"], peak_bytes=full), rec["inputs"], "never q @ kᵀ")
+
+    rec = records["ex09_causal"]
+    total = dict(rec["value"], square=dict(rec["value"]["square"], computed=10**6))
+    _rejects("ex09_causal", total, rec["inputs"], "wholly in the future")
+
+
+def _no_rescale(m, l, acc, scores, v):
+    m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+    m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)
+    p = torch.exp(scores - m_safe)
+    return m_new, torch.exp(m - m_safe) * l + p.sum(-1, keepdim=True), acc + p @ v
+
+
+def _causal_skipping_the_diagonal(ns):
+    update = ns["online_softmax_update"]
+
+    def causal(q, k, v, *, block_q, block_k):
+        t_q, t_k = q.size(-2), k.size(-2)
+        off, out, n = t_k - t_q, torch.zeros(*q.shape[:-1], v.size(-1)), 0
+        for q0 in range(0, t_q, block_q):
+            q1 = min(q0 + block_q, t_q)
+            m = torch.full((*q.shape[:-2], q1 - q0, 1), NEG_INF)
+            l, acc = torch.zeros_like(m), torch.zeros(*q.shape[:-2], q1 - q0, v.size(-1))
+            for k0 in range(0, off + q0, block_k):
+                k1 = min(k0 + block_k, t_k)
+                s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) / math.sqrt(q.size(-1))
+                ok = torch.arange(k0, k1)[None, :] <= torch.arange(q0, q1)[:, None] + off
+                m, l, acc = update(m, l, acc, s.masked_fill(~ok, NEG_INF), v[..., k0:k1, :])
+                n += 1
+            out[..., q0:q1, :] = acc / l.masked_fill(l == 0, 1.0)
+        return out, n
+
+    return causal
+
+
+def test_diagnose_is_silent_on_the_solution(ns):
+    assert ex09.diagnose(dict(ns)) == []
+
+
+def test_diagnose_names_each_pitfall_and_judges_each_task_on_its_own(ns):
+    wrong_a = dict(ns, online_softmax_update=_no_rescale)
+    findings = ex09.diagnose(wrong_a)
+    assert {f.pitfall for f in findings} == {Pitfall.ACC_NOT_RESCALED}, findings  # parts B, C run on tinytf's update
+
+    wrong_c = dict(ns)
+    wrong_c["causal_tiled_forward"] = _causal_skipping_the_diagonal(wrong_c)
+    findings = ex09.diagnose(wrong_c)
+    assert {f.pitfall for f in findings} == {Pitfall.DIAGONAL_TILE_SKIPPED}, findings
+
+    stub = dict(ns)
+
+    def tiled_forward(q, k, v, mask=None, *, block_q, block_k):
+        raise NotImplementedError()
+
+    stub["tiled_forward"] = tiled_forward
+    findings = ex09.diagnose(stub)
+    assert [f.title for f in findings] == ["tiled_forward is not implemented yet"], findings
+
+
+def test_probes_match_the_hidden_tests_judges(ns):
+    for gid, probe in ex09.PROBES.items():
+        value, inputs = probe(ns, torch.Generator().manual_seed(7))
+        ok, msg = run_judge(gid, value, inputs)
+        assert ok, f"{gid}: {msg}"

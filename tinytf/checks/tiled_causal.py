@@ -1,0 +1,113 @@
+"""``diagnose_causal_tiles``: causal tiled attention that skips the tiles wholly in the future.
+
+``fn(q, k, v, *, block_q, block_k) -> (out, tiles_computed)``. Which keys each query reads is measured,
+not guessed: changing ``v`` at key ``j`` changes query ``i``'s output exactly when ``i`` reads ``j``. A
+query that does not read its own key, nor the keys before it in the same key tile, lost the diagonal
+tile; one that misses only its own key has an off-by-one mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .catalog import Pitfall
+from .findings import Finding, found
+from .probe import _close, _crash, _maxdiff, _quietly
+from .tiled_probes import causal_reference, tile_count
+
+__all__ = ["diagnose_causal_tiles"]
+
+# (B, H, Tq, Tk, d), (block_q, block_k): square with equal and unequal blocks, and Tk > Tq (end-aligned)
+_CAUSAL = (((1, 2, 10, 10, 4), (3, 3)), ((2, 1, 9, 9, 4), (4, 2)), ((1, 2, 8, 8, 6), (2, 4)), ((2, 1, 5, 12, 4), (2, 3)))
+
+
+def _where(q: torch.Tensor, k: torch.Tensor, bq: int, bk: int) -> str:
+    return f"for q {list(q.shape)}, k {list(k.shape)}, block_q={bq}, block_k={bk}"
+
+
+def _reads(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bq: int, bk: int) -> torch.Tensor:
+    """``[Tq, Tk]`` bool: query i's output (batch 0, head 0) changes when v at key j changes."""
+    base = fn(q, k, v, block_q=bq, block_k=bk)[0][0, 0].nan_to_num(1e9)
+    reads = torch.zeros(q.size(-2), k.size(-2), dtype=torch.bool)
+    for j in range(k.size(-2)):
+        v2 = v.clone()
+        v2[..., j, :] += 10.0
+        out = fn(q, k, v2, block_q=bq, block_k=bk)[0][0, 0].nan_to_num(1e9)
+        reads[:, j] = (out - base).abs().amax(-1) > 1e-6
+    return reads
+
+
+def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
+    """The causal mistake the measured ``reads`` show, if it is a known one."""
+    tq, tk = reads.shape
+    offset = tk - tq
+    allowed = torch.ones(tq, tk, dtype=torch.bool).tril(offset)
+    if (reads & ~allowed).any():
+        i, j = (int(x) for x in (reads & ~allowed).nonzero()[0])
+        return found(Pitfall.CAUSAL_OFF_BY_ONE, "a query reads a future key",
+                     f"query {i} reads key {j} > {offset + i}: the mask inside the diagonal tiles lets the future leak.",
+                     where=f"Seen {where}.")
+    own = reads[torch.arange(tq), torch.arange(tq) + offset]
+    if own.all():
+        return None
+    missing = [int(i) for i in (~own).nonzero()[:, 0]]
+    # a query whose own key is not the first of its key tile tells the two mistakes apart
+    i = next((i for i in missing if (offset + i) % bk), missing[0])
+    start = (offset + i) // bk * bk  # the first key of the key tile that holds query i's own key
+    if start < offset + i and reads[i, start:offset + i].all():
+        return found(Pitfall.CAUSAL_OFF_BY_ONE, "a query does not read its own key",
+                     f"query {i} reads keys {start}..{offset + i - 1} of its diagonal tile but not key {offset + i} itself: the "
+                     "causal mask inside the tile is off by one (query i may read key j when j <= Tk - Tq + i).", where=f"Seen {where}.")
+    return found(Pitfall.DIAGONAL_TILE_SKIPPED, "the diagonal tile is skipped",
+                 f"query {i} reads none of keys {start}..{offset + i} — the key tile that holds its own key was never "
+                 f"computed{' (row 0 has nothing to attend to)' if not reads[0].any() else ''}. Only key blocks that start at "
+                 "or after Tk - Tq + q1 lie wholly in the future.", where=f"Seen {where}.")
+
+
+def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], gen: torch.Generator) -> Finding | None:
+    (b, h, tq, tk, d), (bq, bk) = shape, blocks
+    q, k, v = torch.randn(b, h, tq, d, generator=gen), torch.randn(b, h, tk, d, generator=gen), torch.randn(b, h, tk, d, generator=gen)
+    where = _where(q, k, bq, bk)
+    res = fn(q.clone(), k.clone(), v.clone(), block_q=bq, block_k=bk)
+    if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.Tensor)):
+        return Finding(Pitfall.GENERAL, "the causal tiled attention returns the wrong thing",
+                       f"return (out [B, H, Tq, dv], tiles_computed: int); got {type(res).__name__} {where}.")
+    out, computed = res
+    want = causal_reference(q, k, v)
+    if out.shape != want.shape:
+        return Finding(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(want.shape)}, got {list(out.shape)} {where}.")
+    if not _close(out, want):
+        named = _name_reads(_reads(fn, q, k, v, bq, bk), bk, where)
+        return named or Finding(Pitfall.GENERAL, "causal tiled attention differs from the reference",
+                                f"by up to {_maxdiff(out.nan_to_num(0.0), want):.3g} {where}; compare with "
+                                "tinytf.scaled_dot_product_attention(q, k, v, is_causal=True).")
+    expected = tile_count(tq, tk, bq, bk)
+    total = -(-tq // bq) * -(-tk // bk)
+    if computed != expected:
+        if computed == total:
+            return Finding(Pitfall.GENERAL, "no tile is skipped",
+                           f"it computed all {total} tiles, of which {total - expected} lie wholly in the future {where}: stop each "
+                           "query block's key loop at Tk - Tq + q1.")
+        return Finding(Pitfall.GENERAL, "the count of computed tiles is wrong",
+                       f"it says {computed!r}, but {expected} of the {total} tiles hold a key some query may see {where}; count "
+                       "one per q_i @ k_jᵀ computed.")
+    return None
+
+
+@_quietly
+def diagnose_causal_tiles(fn: Callable) -> list[Finding]:
+    """Diagnose ``fn(q, k, v, *, block_q, block_k) -> (out, tiles_computed)``: end-aligned causal attention
+    (``Tk >= Tq``) computed tile by tile, skipping the key tiles wholly in the future. Names
+    ``DIAGONAL_TILE_SKIPPED`` and ``CAUSAL_OFF_BY_ONE`` from the keys each query measurably reads, and a
+    wrong tile count (nothing skipped, or miscounted)."""
+    gen = torch.Generator().manual_seed(918)
+    for shape, blocks in _CAUSAL:
+        try:
+            finding = _check_one(fn, shape, blocks, gen)
+        except Exception as exc:  # noqa: BLE001 - student code may raise anything
+            return [_crash(f"causal tiled attention for q {list(shape[:3]) + [shape[4]]}, Tk={shape[3]}, blocks {blocks}", exc)]
+        if finding is not None:
+            return [finding]
+    return []
