@@ -146,26 +146,26 @@ CATALOG: dict[Pitfall, Entry] = {
         "损失中计入了填充", "添加填充后损失发生变化", "`ignore_index=pad_id`，只除以真实 token 数"),
     Pitfall.ACC_NOT_RESCALED: Entry(
         "accumulator not rescaled when the running maximum grows", "`acc` (or `l`) not rescaled by `exp(m - m_new)`",
-        _T + "the online softmax",
+        _T + "2. The online softmax",
         "right while the first tile holds each row's maximum, wrong once a later tile raises it", "`diagnose_online_softmax`, "
         "`diagnose_tiled_attention`", "`alpha = exp(m - m_new)`; `l = alpha * l + p.sum(-1)`, `acc = alpha * acc + p @ v`",
         "运行最大值变大时没有重新缩放累加器", "每行最大值都在第一块时结果正确，后面的块抬高最大值后就出错",
         "`alpha = exp(m - m_new)`；`l = alpha * l + p.sum(-1)`，`acc = alpha * acc + p @ v`"),
     Pitfall.NO_FINAL_DIVISION: Entry(
-        "the division by l forgotten, or done per tile", "`acc / l` missing or inside the tile loop", _T + "the online softmax",
+        "the division by l forgotten, or done per tile", "`acc / l` missing or inside the tile loop", _T + "2. The online softmax",
         "with v = ones the rows are not ones; right with one key tile only when done per tile",
         "`diagnose_tiled_attention`", "divide `acc / l` once, after the last key tile",
         "忘了除以 l，或者每个块都除一次", "v 全为 1 时输出不是全 1；若每块都除，只有一个键块时才正确",
         "在最后一个键块之后只做一次 `acc / l`"),
     Pitfall.MASKED_TILE_NAN: Entry(
         "NaN from a tile whose every entry is masked (-inf - -inf)", "`exp(-inf - -inf)` in a fully masked tile or row",
-        _T + "masks and empty rows",
+        _T + "3. Tiles of q against tiles of k and v",
         "NaN rows when a row's first key tile is all masked, or the row may see nothing", "`diagnose_online_softmax`, "
         "`diagnose_tiled_attention`", "subtract `m_new.masked_fill(m_new == -inf, 0)`; divide by `l` only where `l > 0`",
         "整块都被掩码时产生 NaN（-inf 减 -inf）", "某行的第一个键块全被掩码，或整行什么都不能看时，输出出现 NaN",
         "减去 `m_new.masked_fill(m_new == -inf, 0)`；只在 `l > 0` 处除以 `l`"),
     Pitfall.DIAGONAL_TILE_SKIPPED: Entry(
-        "the diagonal tile skipped under a causal mask", "causal skipping drops the diagonal tile", _T + "causal tile skipping",
+        "the diagonal tile skipped under a causal mask", "causal skipping drops the diagonal tile", _T + "4. A causal mask",
         "a query never reads its own key (row 0 empty: zeros or NaN)", "`diagnose_causal_tiles`",
         "skip only key blocks starting at or after `Tk - Tq + q1`; mask inside the diagonal tile",
         "因果掩码下跳过了对角线上的块", "查询读不到自己的键（第 0 行为空：全零或 NaN）",
