@@ -9,66 +9,41 @@ B and C on tinytf's ``online_softmax_update`` (each task on its own).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-import nbformat
+import _coursekit as K
 import pytest
 import torch
 
 from tinytf.checks import Pitfall
-from tinytf.course.judges import JUDGES, load_all, run_judge
-from tinytf.course.record import RECORD_ENV, load_records
+from tinytf.course.judges import run_judge
 from tinytf.course.reference import ex09
 
-ROOT = Path(__file__).resolve().parents[1]
 NEG_INF = float("-inf")
 TESTS = ("ex09_update", "ex09_tiled", "ex09_memory", "ex09_causal")
 
 
-def _cells() -> dict[str, nbformat.NotebookNode]:
-    nb = nbformat.read(ROOT / "solutions" / "ex09_tiled_attention.ipynb", as_version=4)
-    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells if "nbgrader" in c.metadata}
+def _cells() -> dict:
+    return K.instructor_cells("ex09_tiled_attention.ipynb")
 
 
 @pytest.fixture(scope="module")
 def ns() -> dict:
-    cells = _cells()
-    space: dict = {"__name__": "__main__", "device": "cpu", "fast": True}
-    for gid in ("ex09_setup", "ex09_update_code", "ex09_mask_helper", "ex09_tiled_code", "ex09_causal_code"):
-        exec(compile(cells[gid].source, f"<{gid}>", "exec"), space)  # noqa: S102 - our own notebook code
-    return space
+    return K.run_cells(_cells(), ("ex09_setup", "ex09_update_code", "ex09_mask_helper", "ex09_tiled_code", "ex09_causal_code"))
 
 
 def test_every_test_cell_has_a_judge_and_a_probe():
-    load_all()
-    graded = [gid for gid, c in _cells().items() if c.metadata["nbgrader"].get("grade") and c.cell_type == "code"]
-    assert sorted(graded) == sorted(TESTS) == sorted(ex09.PROBES)
-    assert all(gid in JUDGES for gid in TESTS)
-    for gid in TESTS:
-        hidden = _cells()[gid].source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
-        assert hidden.count("record(") == 1 and f'judged_record("{gid}"' in hidden, gid
-        assert ".seed()" in hidden and f'PROBES["{gid}"]' in hidden.replace("_probes9", "PROBES"), f"{gid}: fresh inputs from its probe"
-    points = {gid: c.metadata["nbgrader"].get("points", 0) for gid, c in _cells().items() if c.metadata["nbgrader"].get("grade")}
-    assert points == {"ex09_update": 4, "ex09_tiled": 6, "ex09_memory": 2, "ex09_causal": 4, "ex09_explain": 2}
+    K.assert_hidden_tests_use_their_probes(_cells(), TESTS, ex09.PROBES, "_probes9")
+    assert K.graded_points(_cells()) == {"ex09_update": 4, "ex09_tiled": 6, "ex09_memory": 2, "ex09_causal": 4, "ex09_explain": 2}
 
 
 @pytest.fixture(scope="module")
 def records(ns, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("ex09_records")
-    cells = _cells()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(RECORD_ENV, str(folder))
-        for gid in TESTS:
-            exec(compile(cells[gid].source, f"<{gid}>", "exec"), ns)  # noqa: S102
-    found = load_records(folder)
-    assert sorted(found) == sorted(TESTS)
-    return found
+    return K.record_tests(ns, _cells(), TESTS, folder)
 
 
 def test_the_solution_satisfies_every_judge(records):
-    for gid, rec in records.items():
-        ok, msg = run_judge(gid, rec["value"], rec["inputs"])
-        assert ok, f"{gid}: {msg}"
+    K.assert_judges_accept(records)
 
 
 def test_the_hidden_inputs_are_the_hard_ones(records):

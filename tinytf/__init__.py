@@ -19,9 +19,12 @@ from .checks import (
     diagnose_block,
     diagnose_causal_mask,
     diagnose_causal_tiles,
+    diagnose_expand_kv,
+    diagnose_kv_grouping,
     diagnose_lm_loss,
     diagnose_online_softmax,
     diagnose_tiled_attention,
+    diagnose_window,
     report,
 )
 from .device import describe_device, pick_device, synchronize
@@ -83,4 +86,7 @@ __all__ = [
     "diagnose_online_softmax",
     "diagnose_tiled_attention",
     "diagnose_causal_tiles",
+    "diagnose_kv_grouping",
+    "diagnose_expand_kv",
+    "diagnose_window",
 ]

@@ -10,8 +10,9 @@ the message says which inputs show it.
 
 ``Finding.pitfall`` is a :class:`Pitfall` from the catalog (:mod:`tinytf.checks.catalog`), the one
 place that names, teaches and fixes each mistake; ``int(pitfall)`` is its number: 1-14 in chapter 08,
-15-18 in chapter 10 (``Pitfall.GENERAL`` = 0: the code raised, returned the wrong type, changed its
-inputs, ...). ``glance_table()`` is chapter 08's table of its fourteen (``chapter="10"``: tiled attention's).
+15-18 in chapter 10, 19-20 in chapter 11 (``Pitfall.GENERAL`` = 0: the code raised, returned the wrong
+type, changed its inputs, ...). ``glance_table()`` is chapter 08's table of its fourteen (``chapter="10"``:
+tiled attention's, ``chapter="11"``: grouped-query attention's and the sliding window's).
 
 Usage::
 
@@ -23,7 +24,7 @@ half-written function (``raise NotImplementedError``) is diagnosed, not crashed 
 
 Layout: ``catalog`` (the pitfalls), ``findings`` (Finding, report), ``probe`` (shared probe helpers),
 ``attention`` + ``attention_refs``, ``masks`` (causal masks), ``block``, ``loss``, ``tiled`` (online softmax,
-tiled and causal-tiled attention).
+tiled and causal-tiled attention), ``grouped`` (K/V head sharing), ``window`` (sliding-window masks).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .attention import diagnose_attention
 from .block import diagnose_block
 from .catalog import CATALOG, PITFALLS, Entry, Pitfall, glance_table
 from .findings import Finding, found, report
+from .grouped import diagnose_expand_kv, diagnose_kv_grouping
 from .loss import diagnose_lm_loss
 from .masks import diagnose_causal_mask
 from .probe import _as_tensor as _as_tensor  # private helpers, still importable from tinytf.checks
@@ -44,6 +46,7 @@ from .probe import _quietly as _quietly
 from .probe import _rand_mask as _rand_mask
 from .tiled import diagnose_online_softmax, diagnose_tiled_attention
 from .tiled_causal import diagnose_causal_tiles
+from .window import diagnose_window
 
 __all__ = [
     "Finding",
@@ -61,4 +64,7 @@ __all__ = [
     "diagnose_online_softmax",
     "diagnose_tiled_attention",
     "diagnose_causal_tiles",
+    "diagnose_kv_grouping",
+    "diagnose_expand_kv",
+    "diagnose_window",
 ]

@@ -3,8 +3,8 @@
 Chapter 08's "at a glance" table, every ``diagnose_*`` finding, ``tinytf validate`` and the
 exercises' feedback read from here. Refer to a pitfall by name (``Pitfall.SCALE``), never by a
 bare number; the numbers are the article's list (chapter 08's sections, 1-14), kept for readers, then
-chapter 10's tiled-attention pitfalls (15-18). ``glance_table()`` lists one chapter's pitfalls
-(chapter 08's fourteen by default).
+chapter 10's tiled-attention pitfalls (15-18) and chapter 11's smaller-KV-cache pitfalls (19-20).
+``glance_table()`` lists one chapter's pitfalls (chapter 08's fourteen by default).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ __all__ = ["Pitfall", "Entry", "CATALOG", "PITFALLS", "glance_table"]
 
 class Pitfall(IntEnum):
     """A classic mistake; ``int(p)`` is its number: 1-14 in chapter 08, 15-18 in chapter 10 (tiled attention),
-    0 = a general problem that is none of them."""
+    19-20 in chapter 11 (smaller KV caches), 0 = a general problem that is none of them."""
 
     GENERAL = 0
     SCALE = 1
@@ -38,6 +38,8 @@ class Pitfall(IntEnum):
     NO_FINAL_DIVISION = 16
     MASKED_TILE_NAN = 17
     DIAGONAL_TILE_SKIPPED = 18
+    KV_GROUPING = 19
+    WINDOW_OFF_BY_ONE = 20
 
     @property
     def entry(self) -> Entry:
@@ -78,6 +80,7 @@ class Entry:
 
 _S = "08_pitfalls.ipynb § Pitfall "
 _T = "10_tiled_attention.ipynb § "
+_K = "11_smaller_kv_caches.ipynb § "
 CATALOG: dict[Pitfall, Entry] = {
     Pitfall.GENERAL: Entry(
         "general problem (none of the named pitfalls)", "general problem", "09_exercises.ipynb",
@@ -170,6 +173,22 @@ CATALOG: dict[Pitfall, Entry] = {
         "skip only key blocks starting at or after `Tk - Tq + q1`; mask inside the diagonal tile",
         "因果掩码下跳过了对角线上的块", "查询读不到自己的键（第 0 行为空：全零或 NaN）",
         "只跳过起点不小于 `Tk - Tq + q1` 的键块；对角线块内部用掩码"),
+    Pitfall.KV_GROUPING: Entry(
+        "query heads mapped to the wrong K/V heads: repeat vs repeat_interleave",
+        "`repeat` (k0 k1 k0 k1) where `repeat_interleave` (k0 k0 k1 k1) is meant, or the reverse",
+        _K + "2. Fewer K/V heads: multi-query and grouped-query",
+        "shapes fine, outputs differ; right only when kv_heads is 1 or heads", "`diagnose_kv_grouping`, `diagnose_expand_kv`",
+        "query head `h` reads K/V head `h // (heads // kv_heads)`: `kv.repeat_interleave(heads // kv_heads, dim=1)`",
+        "查询头对应到了错误的 K/V 头：混淆了 repeat 与 repeat_interleave",
+        "形状都对，输出却不同；只有 kv_heads 为 1 或等于 heads 时才正确",
+        "查询头 `h` 读取 K/V 头 `h // (heads // kv_heads)`：`kv.repeat_interleave(heads // kv_heads, dim=1)`"),
+    Pitfall.WINDOW_OFF_BY_ONE: Entry(
+        "sliding window off by one: window + 1 or window - 1 keys per query", "window lets a query see `window ± 1` keys",
+        _K + "6. The sliding window and its rolling buffer",
+        "a query sees one key too many or too few; the window counts the query itself", "`diagnose_window`",
+        "the query at position `p` sees keys `p - window + 1 … p`: `causal_mask(t_q, t_k, window=window)`",
+        "滑动窗口差一位：每个查询看到 window + 1 或 window - 1 个键", "查询多看或少看了一个键；窗口把查询自己也算在内",
+        "位置 `p` 上的查询看到键 `p - window + 1 … p`：`causal_mask(t_q, t_k, window=window)`"),
 }
 
 # number -> title, for code that still holds a plain int (e.g. findings read back from JSON)
@@ -178,8 +197,9 @@ PITFALLS: dict[int, str] = {int(p): e.title for p, e in CATALOG.items()}
 
 def glance_table(lang: str | None = None, *, chapter: str = "08") -> str:
     """The "at a glance" table of the pitfalls that chapter ``chapter`` teaches, as markdown: chapter 08's
-    fourteen by default, ``chapter="10"`` for tiled attention's. In English or Chinese (``"zh"``); by
-    default in the running notebook's language (:func:`tinytf.language.notebook_language`)."""
+    fourteen by default, ``chapter="10"`` for tiled attention's, ``chapter="11"`` for smaller KV caches'.
+    In English or Chinese (``"zh"``); by default in the running notebook's language
+    (:func:`tinytf.language.notebook_language`)."""
     if lang is None:
         from ..language import notebook_language
 

@@ -1,0 +1,170 @@
+"""Diagnoses of grouped-query attention's K/V head sharing (chapter 11), measured rather than guessed.
+
+- ``diagnose_expand_kv(fn)``: ``fn(kv [B, kv_heads, T, d], heads) -> [B, heads, T, d]``; which K/V head
+  each output head holds is read off the output.
+- ``diagnose_kv_grouping(fn)``: ``fn(q [B, H, Tq, d], k [B, kv_heads, Tk, d], v [B, kv_heads, Tk, dv])
+  -> out [B, H, Tq, dv]``; which K/V head each query head reads is measured with values that are the
+  constant ``g + 1`` on K/V head ``g`` (a softmax average of a constant is that constant).
+
+Both probe ``kv_heads`` strictly between 1 and ``heads``, where ``repeat`` (tile: query head ``h`` meets
+K/V head ``h % kv_heads``) and ``repeat_interleave`` (``h // (heads // kv_heads)``) differ, and the two
+ends (multi-query, multi-head), where they agree: a mistake right only there is named with that evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from .catalog import Pitfall
+from .findings import Finding, found
+from .probe import _as_tensor, _close, _crash, _maxdiff, _only_for, _quietly
+
+__all__ = ["diagnose_kv_grouping", "diagnose_expand_kv", "interleaved", "tiled_heads"]
+
+_GROUPING = Pitfall.KV_GROUPING
+
+
+class Shape(NamedTuple):
+    b: int
+    heads: int
+    kv_heads: int
+    t_q: int
+    t_k: int
+    d: int
+    dv: int
+
+    def where(self) -> str:
+        return f"for heads={self.heads}, kv_heads={self.kv_heads} (q [{self.b}, {self.heads}, {self.t_q}, {self.d}])"
+
+
+# Tq != Tk, B > 1, kv_heads strictly inside (1, heads) first, then multi-query and multi-head
+_SHAPES = (Shape(2, 4, 2, 5, 7, 8, 6), Shape(1, 6, 3, 4, 4, 4, 5), Shape(2, 6, 2, 3, 6, 8, 4), Shape(1, 8, 4, 2, 5, 4, 3),
+           Shape(2, 4, 1, 5, 7, 8, 6), Shape(1, 4, 4, 3, 3, 8, 4))
+
+
+def interleaved(heads: int, kv_heads: int) -> list[int]:
+    """The right mapping, ``repeat_interleave``: query head ``h`` reads K/V head ``h // (heads // kv_heads)``."""
+    return [h // (heads // kv_heads) for h in range(heads)]
+
+
+def tiled_heads(heads: int, kv_heads: int) -> list[int]:
+    """``repeat``'s mapping (tile: ``k0 k1 k0 k1``): query head ``h`` reads K/V head ``h % kv_heads``."""
+    return [h % kv_heads for h in range(heads)]
+
+
+def _gathered(kv: torch.Tensor, mapping: list[int]) -> torch.Tensor:
+    return kv[:, mapping]
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v with q, k, v of equal head counts; ``scale`` defaults to ``1/sqrt(d)``."""
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    return torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v
+
+
+def _read_mapping(out: torch.Tensor, candidates: torch.Tensor) -> list[int | None]:
+    """For each head of ``out [B, H, ...]``, the index ``g`` of ``candidates [B, G, ...]`` it equals (or None)."""
+    return [next((g for g in range(candidates.size(1)) if _close(out[:, h], candidates[:, g], 1e-5)), None)
+            for h in range(out.size(1))]
+
+
+def _name_mapping(got: list[int | None], s: Shape) -> tuple[str, str] | None:
+    """``(title, evidence)`` for a measured head mapping that is not ``repeat_interleave``'s, or None."""
+    right, tile = interleaved(s.heads, s.kv_heads), tiled_heads(s.heads, s.kv_heads)
+    if got == right:
+        return None
+    if got == tile:
+        return ("query heads read K/V heads in the order of repeat, not repeat_interleave",
+                f"query heads 0..{s.heads - 1} read K/V heads {got} (tile: h % kv_heads, what kv.repeat(1, groups, 1, 1) "
+                f"gives); grouped-query attention gives consecutive query heads one K/V head: {right} (h // groups). "
+                "The shapes are right and the outputs silently differ.")
+    return ("query heads read the wrong K/V heads",
+            f"query heads 0..{s.heads - 1} read K/V heads {['?' if g is None else g for g in got]} (measured; ? = none of "
+            f"them exactly); they should read {right} (h // groups).")
+
+
+def _named(bad: list[tuple[Shape, tuple[str, str]]], n_total: int) -> list[Finding]:
+    """One finding per distinct title; the shapes that show it, and that the others are right."""
+    out = []
+    for title in dict.fromkeys(t for _, (t, _) in bad):
+        shapes = [s for s, (t, _) in bad if t == title]
+        evidence = next(e for s, (t, e) in bad if t == title)
+        where = _only_for([s.where() for s in shapes], len(shapes), n_total) or f"Seen {shapes[0].where()}."
+        if len(shapes) < n_total:
+            where += " Multi-query (kv_heads = 1) and multi-head (kv_heads = heads) cannot show it: both orders agree there."
+        out.append(found(_GROUPING, title, evidence, where=where))
+    return out
+
+
+@_quietly
+def diagnose_expand_kv(fn: Callable) -> list[Finding]:
+    """Diagnose ``fn(kv, heads) -> [B, heads, T, d]`` for ``kv [B, kv_heads, T, d]``: each K/V head once per query
+    head of its group, consecutive (``repeat_interleave``). Names ``KV_GROUPING`` from the measured head order."""
+    gen = torch.Generator().manual_seed(1019)
+    bad = []
+    for s in _SHAPES:
+        kv = torch.randn(s.b, s.kv_heads, s.t_k, s.d, generator=gen)
+        try:
+            out = fn(kv.clone(), s.heads)
+        except Exception as exc:  # noqa: BLE001 - student code may raise anything
+            return [_crash(f"expand_kv {s.where()}", exc)]
+        want = (s.b, s.heads, s.t_k, s.d)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
+            got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            return [Finding(Pitfall.GENERAL, "expand_kv returns the wrong shape",
+                            f"expected [B, heads, T, d] = {list(want)}, got {got} {s.where()}: repeat along the head axis "
+                            "(dim=1), not the time axis.")]
+        named = _name_mapping(_read_mapping(out, kv), s)
+        if named:
+            bad.append((s, named))
+    return _named(bad, len(_SHAPES))
+
+
+def _grouping_probe(fn: Callable, s: Shape, gen: torch.Generator) -> tuple[str, str] | Finding | None:
+    """What ``fn`` gets wrong on shape ``s``: a ``(title, evidence)`` mapping mistake, another finding, or None."""
+    q, k = torch.randn(s.b, s.heads, s.t_q, s.d, generator=gen), torch.randn(s.b, s.kv_heads, s.t_k, s.d, generator=gen)
+    v = torch.randn(s.b, s.kv_heads, s.t_k, s.dv, generator=gen)
+    out = _as_tensor(fn(q.clone(), k.clone(), v.clone()))
+    want = _attention(q, _gathered(k, interleaved(s.heads, s.kv_heads)), _gathered(v, interleaved(s.heads, s.kv_heads)))
+    if not isinstance(out, torch.Tensor) or out.shape != want.shape:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return Finding(Pitfall.GENERAL, "grouped attention returns the wrong shape",
+                       f"expected [B, H, Tq, dv] = {list(want.shape)}, got {got} {s.where()}: every query head gets an output.")
+    if _close(out, want):
+        return None
+    labels = torch.arange(1.0, s.kv_heads + 1).view(1, -1, 1, 1).expand(s.b, -1, s.t_k, s.dv)  # v = g + 1 on K/V head g
+    marked = _as_tensor(fn(q.clone(), k.clone(), labels.clone()))
+    per_head = torch.arange(1.0, s.kv_heads + 1).view(1, -1, 1, 1).expand(s.b, -1, s.t_q, s.dv)
+    named = _name_mapping(_read_mapping(marked, per_head), s)
+    if named:
+        return named
+    if _close(out, _attention(q, _gathered(k, interleaved(s.heads, s.kv_heads)), _gathered(v, interleaved(s.heads, s.kv_heads)), 1.0)):
+        return found(Pitfall.SCALE, "the scores are not scaled", "each query head reads the right K/V head, but the scores "
+                     "miss the 1/sqrt(d) factor.", where=f"Seen {s.where()}.")
+    return Finding(Pitfall.GENERAL, "grouped attention differs from the reference",
+                   f"each query head reads the right K/V head (h // groups), yet the output differs by up to "
+                   f"{_maxdiff(out, want):.3g} {s.where()}: compare softmax(q kᵀ / sqrt(d)) v head by head.")
+
+
+@_quietly
+def diagnose_kv_grouping(fn: Callable) -> list[Finding]:
+    """Diagnose grouped-query attention ``fn(q, k, v) -> out`` (or ``(out, weights)``): q ``[B, H, Tq, d]``, k
+    ``[B, kv_heads, Tk, d]``, v ``[B, kv_heads, Tk, dv]``, out ``[B, H, Tq, dv]``, query head ``h`` reading K/V head
+    ``h // (H // kv_heads)``. Names ``KV_GROUPING`` (the order of ``repeat`` or another wrong mapping, measured),
+    ``SCALE``, a wrong shape or another difference."""
+    gen = torch.Generator().manual_seed(1020)
+    bad = []
+    for s in _SHAPES:
+        try:
+            res = _grouping_probe(fn, s, gen)
+        except Exception as exc:  # noqa: BLE001
+            return [_crash(f"grouped attention {s.where()}", exc, hint="k and v have kv_heads heads, q has H.")]
+        if isinstance(res, Finding):
+            return [res]
+        if res is not None:
+            bad.append((s, res))
+    return _named(bad, len(_SHAPES))

@@ -1,0 +1,217 @@
+"""Exercise 10 — grouped-query attention, the KV cache's bytes and a sliding window: judges, probes, self-check.
+
+Student code: ``expand_kv(kv, heads)`` and ``grouped_attention(q, k, v, mask=None)`` (part A),
+``cache_bytes(batch, layers, kv_heads, head_dim, tokens, dtype_bytes, window=None)`` (part B) and
+``sliding_window_mask(t_q, t_k, window)`` (part C). ``grouped_attention`` is graded on tinytf's K/V head
+sharing, so a mistake in ``expand_kv`` costs only its own points. The hidden tests call the probes below
+(fresh random shapes) and hand the result to the judge, in the notebook and again in the grader's clean
+process; the references are ``F.scaled_dot_product_attention(..., enable_gqa=True)``,
+``tinytf.memory.kv_cache_bytes`` and ``tinytf.causal_mask(..., window=)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tinytf.checks import Finding, Pitfall
+
+from ..judges import judge
+from . import Probe, call_student, judge_findings, stub_or, swapped
+from .ex05 import named_findings
+from .validators import bool_mask, close, float_inputs, has_keys, shapes, tensor
+
+__all__ = ["reference_expand_kv", "reference_cache_bytes", "diagnose", "PROBES"]
+
+
+def reference_expand_kv(kv: torch.Tensor, heads: int) -> torch.Tensor:
+    """tinytf's K/V head sharing: ``[B, kv_heads, T, d] -> [B, heads, T, d]``, query head ``h`` gets ``h // groups``."""
+    from tinytf import repeat_kv
+
+    return repeat_kv(kv, heads // kv.size(1))
+
+
+def reference_cache_bytes(batch: int, layers: int, kv_heads: int, head_dim: int, tokens: int, dtype_bytes: int,
+                          window: int | None = None) -> int:
+    """``2 · layers · batch · kv_heads · min(tokens, window) · head_dim · dtype_bytes`` (tinytf.memory.kv_cache_bytes)."""
+    from tinytf.memory import kv_cache_bytes
+
+    dtype = {1: torch.int8, 2: torch.float16, 4: torch.float32, 8: torch.float64}[int(dtype_bytes)]
+    return kv_cache_bytes(batch, layers, kv_heads, tokens, head_dim, dtype, window=window)
+
+
+# ---- judges ---------------------------------------------------------------------------------------
+
+
+@judge("ex10_expand")
+def _judge_expand(value: Any, kv: torch.Tensor, heads: int) -> None:
+    (kv,) = float_inputs(kv)
+    heads = int(heads)
+    expected = reference_expand_kv(kv, heads)
+    out = tensor(value, expected.shape, "expand_kv(kv, heads)")
+    groups = heads // kv.size(1)
+    assert not torch.equal(out, kv.repeat(1, groups, 1, 1)), (
+        f"expand_kv tiles the K/V heads (k0 k1 k0 k1, what kv.repeat gives) for {shapes(kv=kv, heads=heads)}: query head h "
+        f"must get K/V head h // {groups}, not h % {kv.size(1)} — {Pitfall.KV_GROUPING.label()}. Use "
+        f"kv.repeat_interleave({groups}, dim=1).")
+    close(out, expected, "expand_kv(kv, heads)", given=shapes(kv=kv, heads=heads), atol=0.0, rtol=0.0,
+          reference="kv.repeat_interleave(heads // kv_heads, dim=1)")
+
+
+@judge("ex10_grouped")
+def _judge_grouped(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, k_one: torch.Tensor,
+                   v_one: torch.Tensor, bad_kv_heads: int) -> None:
+    import torch.nn.functional as F
+
+    has_keys(value, ("plain", "masked", "multi_query", "raised"))
+    q, k, v, k_one, v_one = float_inputs(q, k, v, k_one, v_one)
+    mask = bool_mask(mask)
+    assert 1 < k.size(1) < q.size(1), "the hidden test uses 1 < kv_heads < heads, where the head order matters"
+    cases = {"plain": (k, v, None), "masked": (k, v, mask), "multi_query": (k_one, v_one, None)}
+    for key, (kk, vv, m) in cases.items():
+        expected = F.scaled_dot_product_attention(q, kk, vv, attn_mask=m, enable_gqa=True)
+        what = f"grouped_attention ({key.replace('_', '-')})"
+        close(tensor(value[key], expected.shape, what), expected, what, atol=1e-5, given=shapes(q=q, k=kk, mask=m),
+              reference="F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)")
+    assert value["raised"] == "ValueError", (
+        f"grouped_attention with heads={q.size(1)} and kv_heads={int(bad_kv_heads)} (which does not divide it) must raise a "
+        f"ValueError that names both counts; it {'returned' if value['raised'] == 'nothing' else 'raised ' + str(value['raised'])}")
+
+
+@judge("ex10_cache")
+def _judge_cache(value: Any, args: list) -> None:
+    assert isinstance(value, list) and len(value) == len(args), f"cache_bytes: expected {len(args)} answers, got {value!r}"
+    for got, a in zip(value, args):
+        batch, layers, kv_heads, head_dim, tokens, dtype_bytes, window = a
+        want = reference_cache_bytes(*a)
+        call = (f"cache_bytes(batch={batch}, layers={layers}, kv_heads={kv_heads}, head_dim={head_dim}, tokens={tokens}, "
+                f"dtype_bytes={dtype_bytes}, window={window})")
+        assert isinstance(got, int) and not isinstance(got, bool), f"{call} must return an int number of bytes, got {got!r}"
+        assert got == want, (f"{call} = {got}, should be {want} = 2 (keys and values) · layers · batch · kv_heads · "
+                             f"min(tokens, window) · head_dim · dtype_bytes")
+
+
+@judge("ex10_window")
+def _judge_window(value: Any, sizes: list) -> None:
+    from tinytf import causal_mask
+
+    assert isinstance(value, list) and len(value) == len(sizes), f"sliding_window_mask: expected {len(sizes)} masks"
+    for got, (t_q, t_k, window) in zip(value, sizes):
+        want = causal_mask(t_q, t_k, window=window)
+        call = f"sliding_window_mask({t_q}, {t_k}, {window})"
+        got = tensor(got, want.shape, call, dtype=torch.bool)
+        seen, should = got.sum(-1).tolist(), want.sum(-1).tolist()
+        off_by_one = all(abs(a - b) <= 1 for a, b in zip(seen, should)) and not (got & ~causal_mask(t_q, t_k)).any()
+        hint = f" — {Pitfall.WINDOW_OFF_BY_ONE.label()}: the window counts the query itself" if off_by_one else ""
+        assert torch.equal(got, want), (
+            f"{call}: the queries see {seen} keys, should see {should} (the query at position p = t_k - t_q + i sees keys "
+            f"p - window + 1 … p){hint}")
+
+
+# ---- probes: the judges' inputs, drawn afresh (by the hidden tests and by the self-check) ---------
+
+
+def _size(gen: torch.Generator, lo: int, hi: int) -> int:
+    return int(torch.randint(lo, hi, (), generator=gen))
+
+
+def _probe_expand(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    kv_heads, groups = _size(gen, 2, 4), _size(gen, 2, 4)  # 1 < kv_heads < heads: repeat and repeat_interleave differ
+    kv = torch.randn(_size(gen, 1, 3), kv_heads, _size(gen, 2, 9), _size(gen, 2, 9), generator=gen)
+    return ns["expand_kv"](kv.clone(), kv_heads * groups), {"kv": kv, "heads": kv_heads * groups}
+
+
+def _probe_grouped(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    from tinytf import causal_mask
+
+    b, kv_heads, groups = _size(gen, 1, 3), _size(gen, 2, 4), _size(gen, 2, 4)  # 1 < kv_heads < heads
+    d, dv, t_q = _size(gen, 2, 9), _size(gen, 2, 9), _size(gen, 2, 8)
+    heads, t_k = kv_heads * groups, t_q + _size(gen, 0, 6)
+    q = torch.randn(b, heads, t_q, d, generator=gen)
+    k, v = torch.randn(b, kv_heads, t_k, d, generator=gen), torch.randn(b, kv_heads, t_k, dv, generator=gen)
+    k_one, v_one = k[:, :1].clone(), v[:, :1].clone()
+    mask = causal_mask(t_q, t_k)
+    bad = next(g for g in range(2, heads) if heads % g)
+    fn = ns["grouped_attention"]
+    with swapped(ns, expand_kv=reference_expand_kv), torch.no_grad():  # part A's second task is graded on its own
+        value = {"plain": fn(q.clone(), k.clone(), v.clone()), "masked": fn(q.clone(), k.clone(), v.clone(), mask),
+                 "multi_query": fn(q.clone(), k_one.clone(), v_one.clone())}
+        value["raised"] = _raised(fn, q, torch.randn(b, bad, t_k, d, generator=gen), torch.randn(b, bad, t_k, dv, generator=gen))
+    return value, {"q": q, "k": k, "v": v, "mask": mask, "k_one": k_one, "v_one": v_one, "bad_kv_heads": bad}
+
+
+def _raised(fn: Any, *args: Any) -> str:
+    """The name of the exception ``fn(*args)`` raises, or ``"nothing"``."""
+    try:
+        fn(*args)
+    except Exception as err:  # noqa: BLE001 - which exception is the answer
+        return type(err).__name__
+    return "nothing"
+
+
+def _probe_cache(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    args = []
+    for window in ("none", "short", "long"):
+        tokens = _size(gen, 8, 5000)
+        w = None if window == "none" else (_size(gen, 1, tokens) if window == "short" else tokens + _size(gen, 0, 100))
+        args.append([_size(gen, 1, 9), _size(gen, 1, 33), _size(gen, 1, 9), 8 * _size(gen, 1, 17), tokens,
+                     [1, 2, 4, 8][_size(gen, 0, 4)], w])
+    return [ns["cache_bytes"](*a) for a in args], {"args": args}
+
+
+def _probe_window(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    sizes = []
+    for extra in (0, _size(gen, 1, 8)):  # square, then a decode-like t_k > t_q
+        t_q = _size(gen, 3, 12)
+        sizes.append([t_q, t_q + extra, _size(gen, 2, t_q)])
+    sizes.append([4, 6, 1])  # a query sees itself only
+    return [ns["sliding_window_mask"](*s) for s in sizes], {"sizes": sizes}
+
+
+PROBES: dict[str, Probe] = {"ex10_expand": _probe_expand, "ex10_grouped": _probe_grouped, "ex10_cache": _probe_cache,
+                            "ex10_window": _probe_window}
+
+
+# ---- self-check diagnosis -------------------------------------------------------------------------
+
+_CACHE_ARGS = ((2, 4, 2, 16, 100, 2, None), (1, 3, 4, 8, 64, 4, 16), (3, 2, 1, 32, 10, 2, 50))
+_CACHE_MISTAKES = (
+    (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, s, w) // 2, Pitfall.KV_CACHE, "only the keys are counted",
+     "cache_bytes is half the right size: the cache holds keys and values, so the formula starts with 2 ·."),
+    (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, s), Pitfall.GENERAL, "the window does not cap the cache",
+     "with a window shorter than the sequence a rolling cache keeps only min(tokens, window) tokens per layer."),
+    (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t if w is None else w, s), Pitfall.GENERAL,
+     "the window is used even when the sequence is shorter",
+     "a cache never holds more tokens than were written: min(tokens, window), not window."),
+)
+
+
+def _diagnose_cache(fn: Any) -> list[Finding]:
+    got = []
+    for a in _CACHE_ARGS:
+        out, err = call_student("cache_bytes", fn, *a)
+        if err is not None:
+            return [err]
+        got.append(out)
+    if got == [reference_cache_bytes(*a) for a in _CACHE_ARGS]:
+        return []
+    for wrong, pitfall, title, why in _CACHE_MISTAKES:
+        if all(g == wrong(*a) for g, a in zip(got, _CACHE_ARGS)):
+            return [Finding(pitfall, title, f"{why} cache_bytes{_CACHE_ARGS[0]} gave {got[0]}, should be "
+                                           f"{reference_cache_bytes(*_CACHE_ARGS[0])}.")]
+    return []  # an unnamed mistake: the judge's message says what differs
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
+    """Findings about the student's ex10 code in ``namespace`` (empty when all looks right); never raises."""
+    from tinytf.checks import diagnose_expand_kv, diagnose_kv_grouping, diagnose_window
+
+    findings, covered = named_findings(namespace, [
+        ("expand_kv", "ex10_expand", lambda fn: stub_or("expand_kv", diagnose_expand_kv(fn))),
+        ("cache_bytes", "ex10_cache", _diagnose_cache),
+        ("sliding_window_mask", "ex10_window", lambda fn: stub_or("sliding_window_mask", diagnose_window(fn)))])
+    with swapped(namespace, expand_kv=reference_expand_kv):  # grouped_attention is judged on its own
+        grouped, grouped_covered = named_findings(namespace, [
+            ("grouped_attention", "ex10_grouped", lambda fn: stub_or("grouped_attention", diagnose_kv_grouping(fn)))])
+    return findings + grouped + judge_findings(namespace, PROBES, covered=covered | grouped_covered)
