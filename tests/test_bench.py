@@ -72,3 +72,15 @@ def test_cuda_uses_events_and_labels_the_gpu(cuda):
     assert res.on_gpu and res.conditions["timer"] == "cuda events" and res.peak_bytes >= x.numel() * 4
     q = torch.randn(1, 2, 128, 64, device=cuda, dtype=torch.float16)
     assert sdpa_backend(q, q, q, is_causal=True) in ("flash", "mem-efficient", "cudnn", "math")
+
+
+def test_one_thread_runs_the_block_on_one_thread_and_restores_the_setting():
+    from tinytf.bench import one_thread
+
+    before = torch.get_num_threads()
+    with one_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), one_thread():
+        raise RuntimeError("the block failed")
+    assert torch.get_num_threads() == before  # restored on an exception too

@@ -48,3 +48,19 @@ def test_errors_name_the_shapes():
         token_accuracy(torch.zeros(2, 3, 4), torch.zeros(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="nothing to score"):
         token_accuracy(torch.zeros(1, 2, 4), torch.full((1, 2), IGNORE_INDEX))
+
+
+def test_copy_loss_scores_only_the_copied_half_with_shifted_logits():
+    from tinytf import TinyLanguageModel
+    from tinytf.tasks import copy_loss
+
+    torch.manual_seed(0)
+    model = TinyLanguageModel(vocab=12, dim=16, heads=2, layers=1, max_tokens=11)
+    ids, targets = copy_batch(4, 5, 12, generator=torch.Generator().manual_seed(0))
+    loss, logits = copy_loss(model, ids, targets)
+    assert logits.shape == (4, 10, 12)
+    full = model(ids)
+    by_hand = F.cross_entropy(full[:, 5:-1].reshape(-1, 12), ids[:, 6:].reshape(-1))
+    assert torch.allclose(loss, by_hand) and (targets[:, :5] == IGNORE_INDEX).all()
+    with pytest.raises(ValueError, match="already shifted"):
+        copy_loss(model, ids, ids)

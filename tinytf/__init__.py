@@ -7,7 +7,7 @@ Masks are boolean with **True = may attend** (the convention of
 from __future__ import annotations
 
 from .attention import scaled_dot_product_attention
-from .bench import BenchResult, benchmark
+from .bench import BenchResult, benchmark, one_thread
 from .block import TransformerBlock
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .checks import (
@@ -74,6 +74,7 @@ __all__ = [
     "ledger",
     "BenchResult",
     "benchmark",
+    "one_thread",
     "Finding",
     "Pitfall",
     "PITFALLS",

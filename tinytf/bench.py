@@ -16,7 +16,8 @@ import functools
 import json
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,7 +27,21 @@ import torch.nn.functional as F
 from .device import describe_device, synchronize
 from .memory import PeakMemoryMeter, format_bytes
 
-__all__ = ["BenchResult", "benchmark", "percentile", "sdpa_backend"]
+__all__ = ["BenchResult", "benchmark", "one_thread", "percentile", "sdpa_backend"]
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the ``with`` block with one intra-op CPU thread, then restore the previous setting.
+
+    Small models (the chapters' copy-task models, B=1 decoding) spend more time synchronising threads
+    than computing; one thread is faster there and its timings are steadier on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
 
 # which kernel F.scaled_dot_product_attention dispatched to, by the aten op it called
 _SDPA_KERNELS = {

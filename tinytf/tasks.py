@@ -12,8 +12,9 @@ it up. The first half is random, so its targets are unpredictable and are ignore
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["IGNORE_INDEX", "SEP", "copy_batch", "token_accuracy"]
+__all__ = ["IGNORE_INDEX", "SEP", "copy_batch", "copy_loss", "token_accuracy"]
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 SEP = 0  # the separator token; symbols are 1 … vocab - 1
@@ -42,6 +43,20 @@ def copy_batch(
     targets = ids[:, 1:].clone()  # [B, 2L]: position t predicts ids[:, t + 1]
     targets[:, :length] = IGNORE_INDEX  # the random half (and the separator) carry no signal
     return ids.to(device), targets.to(device)
+
+
+def copy_loss(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor,
+              mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of a language model on a copy batch, and the logits it scored.
+
+    ids: [B, 2L + 1], targets: [B, 2L] (from :func:`copy_batch`); returns the mean loss over the copied
+    half and logits ``[B, 2L, V]`` (row t predicts ``ids[:, t + 1]``) — chapter 07 writes it out."""
+    if targets.shape != (ids.size(0), ids.size(1) - 1):
+        raise ValueError(f"copy_loss expects targets [B, T - 1] for ids [B, T], got ids {list(ids.shape)} and targets "
+                         f"{list(targets.shape)}: pass copy_batch's (ids, targets) pair, already shifted.")
+    logits = model(ids, mask=mask)[:, :-1]  # [B, 2L, V]
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+    return loss, logits
 
 
 def token_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> float:
