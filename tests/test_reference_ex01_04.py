@@ -25,6 +25,7 @@ import pytest
 import torch
 from torch import nn
 
+from tinytf.bench import one_thread
 from tinytf.checks import Pitfall
 from tinytf.course import judges
 from tinytf.course.record import RECORD_ENV, load_records
@@ -105,10 +106,8 @@ def _run_notebook(ex: str, record_dir: Path | None, monkeypatch) -> dict:
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread():
     """Tiny tensors: one intra-op thread is faster and avoids oversubscribing a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

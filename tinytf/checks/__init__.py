@@ -41,7 +41,6 @@ from .probe import _close as _close
 from .probe import _crash as _crash
 from .probe import _err as _err
 from .probe import _maxdiff as _maxdiff
-from .probe import _one_thread as _one_thread
 from .probe import _quietly as _quietly
 from .probe import _rand_mask as _rand_mask
 from .tiled import diagnose_online_softmax, diagnose_tiled_attention

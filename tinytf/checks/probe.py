@@ -3,28 +3,17 @@ closeness tests, and the search that names which wrong reference explains the fa
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import torch
 
+from ..bench import one_thread
 from .catalog import Pitfall
 from .findings import Finding
 
 C = TypeVar("C")
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run the (tiny) probes on one CPU thread: much faster than many threads fighting over small ops."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _quietly(diagnose: Callable[..., list[Finding]]) -> Callable[..., list[Finding]]:
@@ -33,7 +22,7 @@ def _quietly(diagnose: Callable[..., list[Finding]]) -> Callable[..., list[Findi
     @functools.wraps(diagnose)
     def wrapper(*args: Any, **kwargs: Any) -> list[Finding]:
         cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-        with _one_thread(), torch.random.fork_rng(devices=cuda):
+        with one_thread(), torch.random.fork_rng(devices=cuda):
             return diagnose(*args, **kwargs)
 
     return wrapper
