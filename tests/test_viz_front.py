@@ -167,3 +167,24 @@ def test_blitted_redraw_is_pixel_identical_to_a_full_draw_of_a_fresh_figure():
         blitted = np.asarray(fig.canvas.buffer_rgba()).copy()
         fresh = full(attention.attention_figure(head=head, mask=mask, scaling=scaling))
         assert blitted.shape == fresh.shape and np.array_equal(blitted, fresh), (head, mask, scaling)
+
+
+def test_keep_legend_reuses_a_legend_for_the_same_handles_and_rebuilds_for_others():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tinytf.viz._front import keep_legend
+
+    fig, ax = plt.subplots()
+    a, = ax.plot([0, 1], label="a")
+    b, = ax.plot([1, 0], label="b")
+    first = keep_legend(ax, [a, b])
+    a.set_label("a, renamed")
+    again = keep_legend(ax, [a, b])
+    assert again is first and [t.get_text() for t in again.get_texts()] == ["a, renamed", "b"]
+    other = keep_legend(ax, [b])
+    assert other is not first and [t.get_text() for t in other.get_texts()] == ["b"] and ax.get_legend() is other
+    assert [t.get_text() for t in keep_legend(ax).get_texts()] == ["a, renamed", "b"]  # default: every labelled artist
+    plt.close(fig)

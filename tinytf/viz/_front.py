@@ -21,7 +21,7 @@ from typing import Any
 from ..language import notebook_language
 
 __all__ = ["is_headless", "interactive_figure", "HEADLESS_ENV", "figure_or_message", "message_figure", "render_png",
-           "choices", "remember", "recall", "LiveFigure", "STATIC_NOTE", "STATIC_NOTE_ZH"]
+           "choices", "remember", "recall", "LiveFigure", "STATIC_NOTE", "STATIC_NOTE_ZH", "log_axes", "keep_legend"]
 
 HEADLESS_ENV = "TINYTF_HEADLESS"
 
@@ -63,6 +63,30 @@ def remember(fig: Any, parts: Any) -> Any:
 def recall(fig: Any) -> Any:
     """The parts :func:`remember` attached to ``fig`` (None for a figure built elsewhere)."""
     return _PARTS.get(fig)
+
+
+def log_axes(ax: Any, *, base_x: float = 2, base_y: float = 10) -> None:
+    """Log–log axes with major ticks only: the unlabelled minor ticks cost a live redraw ~2 ms each."""
+    from matplotlib.ticker import NullLocator
+
+    ax.set_xscale("log", base=base_x)
+    ax.set_yscale("log", base=base_y)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_locator(NullLocator())
+
+
+def keep_legend(ax: Any, handles: Sequence[Any] | None = None, **kwargs: Any) -> Any:
+    """``ax.legend(handles=..., **kwargs)``, except that a legend already built for the same handles only
+    gets their new labels (building one costs a live redraw ~25 ms). ``handles`` default: every labelled artist."""
+    handles = tuple(ax.get_legend_handles_labels()[0] if handles is None else handles)
+    legend = ax.get_legend()
+    if legend is not None and getattr(legend, "_tinytf_handles", None) == handles:
+        for text, h in zip(legend.get_texts(), handles):
+            text.set_text(h.get_label())
+        return legend
+    legend = ax.legend(handles=list(handles), **kwargs)
+    legend._tinytf_handles = handles
+    return legend
 
 
 def message_figure(err: Exception) -> Any:

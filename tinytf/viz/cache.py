@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..memory import GiB, dtype_bytes, format_bytes, kv_cache_bytes
-from ._front import choices, interactive_figure, recall, remember
+from ._front import choices, interactive_figure, keep_legend, log_axes, recall, remember
 
 __all__ = ["CAPACITIES_GIB", "cache_tokens_that_fit", "cache_figure", "update_cache_figure", "cache_explorer"]
 
@@ -102,8 +102,7 @@ def _cache_layout(key: tuple) -> tuple[Any, _CacheParts]:
              ax.annotate("", xy=(1, 1), xytext=(4, 5), textcoords="offset points", fontsize=8, color=color,
                          bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1}))
             for _, color in zip(capacities, _CAP_COLORS * 3)]
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    log_axes(ax)
     ax.set_xlim(ts[0], ts[-1] * 1.6)
     ax.set_xlabel("context length T (tokens per sequence)")
     ax.set_ylabel("KV cache (GiB)")
@@ -136,7 +135,7 @@ def _cache_fill(parts: _CacheParts, data: dict[str, Any]) -> None:
     ax.relim(visible_only=True)
     ax.autoscale_view(scalex=False)
     ax.set_title(data["title"], fontsize=10, y=1.0)  # y given: no title placement pass at every draw
-    ax.legend(handles=[parts.bold] + [h for h, _, _ in parts.caps if h.get_visible()], fontsize=8, loc="upper left")
+    keep_legend(ax, [parts.bold] + [h for h, _, _ in parts.caps if h.get_visible()], fontsize=8, loc="upper left")
 
 
 def cache_figure(

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..lm import ModelConfig
 from ..memory import ATTENTION_PATHS, GiB, Ledger, dtype_bytes, format_bytes, ledger
-from ._front import choices, interactive_figure, recall, remember
+from ._front import choices, interactive_figure, keep_legend, log_axes, recall, remember
 
 __all__ = ["token_grid", "memory_curves", "capacity_crossing", "memory_figure", "update_memory_figure", "memory_explorer", "CAPACITIES_GIB"]
 
@@ -115,8 +115,7 @@ def _memory_layout(key: tuple) -> tuple[Any, _MemoryParts]:
     if points:
         mt, mb = zip(*points)
         ax.scatter(mt, [b / GiB for b in mb], color="black", marker="x", s=50, zorder=5, label=measured_label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    log_axes(ax)
     ax.set_xlim(ts[0], ts[-1])
     ax.set_xlabel("context length T (tokens)")
     ax.set_ylabel("GiB (stacked)")
@@ -144,7 +143,7 @@ def _memory_fill(parts: _MemoryParts, data: dict[str, Any]) -> None:
     ax = parts.ax
     ax.set_ylim(max(totals.min() / 50, 1e-6), max(totals.max(), cap) * 3)
     ax.set_title(data["title"], fontsize=10, y=1.0)  # y given: no title placement pass at every draw
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    keep_legend(ax, fontsize=7, loc="upper left", ncol=2)
 
 
 def memory_figure(
