@@ -13,12 +13,13 @@ ends (multi-query, multi-head), where they agree: a mistake right only there is 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
+from ..attention import scaled_dot_product_attention
+from ..grouped import kv_head_of, repeat_kv
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import _as_tensor, _close, _crash, _maxdiff, _only_for, _quietly
@@ -48,7 +49,7 @@ _SHAPES = (Shape(2, 4, 2, 5, 7, 8, 6), Shape(1, 6, 3, 4, 4, 4, 5), Shape(2, 6, 2
 
 def interleaved(heads: int, kv_heads: int) -> list[int]:
     """The right mapping, ``repeat_interleave``: query head ``h`` reads K/V head ``h // (heads // kv_heads)``."""
-    return [h // (heads // kv_heads) for h in range(heads)]
+    return [kv_head_of(h, heads, kv_heads) for h in range(heads)]
 
 
 def tiled_heads(heads: int, kv_heads: int) -> list[int]:
@@ -56,14 +57,10 @@ def tiled_heads(heads: int, kv_heads: int) -> list[int]:
     return [h % kv_heads for h in range(heads)]
 
 
-def _gathered(kv: torch.Tensor, mapping: list[int]) -> torch.Tensor:
-    return kv[:, mapping]
-
-
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """softmax(q kᵀ · scale) v with q, k, v of equal head counts; ``scale`` defaults to ``1/sqrt(d)``."""
-    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    return torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """tinytf's grouped-query attention: K/V heads widened with ``repeat_kv``, ``scale`` default ``1/sqrt(d)``."""
+    groups = q.size(1) // k.size(1)
+    return scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), scale=scale)
 
 
 def _read_mapping(out: torch.Tensor, candidates: torch.Tensor) -> list[int | None]:
@@ -129,7 +126,7 @@ def _grouping_probe(fn: Callable, s: Shape, gen: torch.Generator) -> tuple[str, 
     q, k = torch.randn(s.b, s.heads, s.t_q, s.d, generator=gen), torch.randn(s.b, s.kv_heads, s.t_k, s.d, generator=gen)
     v = torch.randn(s.b, s.kv_heads, s.t_k, s.dv, generator=gen)
     out = _as_tensor(fn(q.clone(), k.clone(), v.clone()))
-    want = _attention(q, _gathered(k, interleaved(s.heads, s.kv_heads)), _gathered(v, interleaved(s.heads, s.kv_heads)))
+    want = _reference(q, k, v)
     if not isinstance(out, torch.Tensor) or out.shape != want.shape:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         return Finding(Pitfall.GENERAL, "grouped attention returns the wrong shape",
@@ -142,7 +139,7 @@ def _grouping_probe(fn: Callable, s: Shape, gen: torch.Generator) -> tuple[str, 
     named = _name_mapping(_read_mapping(marked, per_head), s)
     if named:
         return named
-    if _close(out, _attention(q, _gathered(k, interleaved(s.heads, s.kv_heads)), _gathered(v, interleaved(s.heads, s.kv_heads)), 1.0)):
+    if _close(out, _reference(q, k, v, scale=1.0)):
         return found(Pitfall.SCALE, "the scores are not scaled", "each query head reads the right K/V head, but the scores "
                      "miss the 1/sqrt(d) factor.", where=f"Seen {s.where()}.")
     return Finding(Pitfall.GENERAL, "grouped attention differs from the reference",
