@@ -15,6 +15,12 @@ JOBS          ?= 2
 DEVICE        ?= cpu
 PORT          ?= 8888
 
+# $(call timed,NAME,COMMAND): run COMMAND, print how long it took, and add "NAME SECONDS" to $(TIMES)
+# (.ci/run sets TIMES and prints every phase's time at the end)
+TIMES ?=
+timed = start=$$(date +%s); $(2); rc=$$?; t=$$(( $$(date +%s) - start )); echo "== $(1): $$t s"; \
+	$(if $(TIMES),echo "$(1) $$t $$rc" >> $(TIMES);) exit $$rc
+
 ifeq ($(PYTHON),$(VENV)/bin/python)
 SETUP := $(VENV)/.tinytf-setup
 else
@@ -31,7 +37,7 @@ NBVAL      = -p no:cacheprovider --nbval-lax --nbval-current-env $(XDIST)
 # oversubscribe the CPU and slow tiny-tensor notebooks many times over.
 THREADS_ENV = $(if $(filter-out 1,$(JOBS)),OMP_NUM_THREADS=1)
 
-.PHONY: help setup lab lab-instructor book test-book test lint unit notebooks clean run test-cuda test-ui bench release grade
+.PHONY: help setup lab lab-instructor book test-book test test-fast lint unit notebooks clean run test-cuda test-ui bench release grade
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -58,15 +64,16 @@ lab-instructor: $(SETUP) ## the same JupyterLab with nbgrader's instructor tools
 	JUPYTER_CONFIG_PATH=$(CURDIR)/lab/instructor $(LAB)
 
 lint: $(SETUP) ## ruff on the package, tests and notebooks
-	$(PYTHON) -m ruff check .
+	$(call timed,lint,$(PYTHON) -m ruff check .)
 
-unit: $(SETUP) ## unit tests (tests/)
-	$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile --durations=10 -m "not ui and not book" --ignore=tests/ui tests
+unit: $(SETUP) ## unit tests (tests/), the grading and validate runs included
+	$(call timed,unit,$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadgroup --durations=10 -m "not ui and not book" --ignore=tests/ui tests)
+
+test-fast: lint $(SETUP) ## the edit-test loop: lint + unit tests without grading runs and notebooks (a few minutes)
+	$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadgroup --durations=5 -m "not ui and not book and not grading" --ignore=tests/ui tests
 
 notebooks: $(SETUP) ## execute every chapter and solution notebook with nbval (CPU)
-	@if [ -n "$(strip $(NOTEBOOKS) $(SOLUTIONS))" ]; then \
-	  $(THREADS_ENV) TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) MPLBACKEND=Agg $(PYTHON) -m pytest -q $(NBVAL) $(NOTEBOOKS) $(SOLUTIONS); \
-	else echo "no notebooks yet"; fi
+	@$(call timed,notebooks,$(THREADS_ENV) TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) MPLBACKEND=Agg $(PYTHON) -m pytest -q $(NBVAL) $(NOTEBOOKS) $(SOLUTIONS))
 
 test: lint unit notebooks ## everything CI runs: lint + unit tests + every notebook executed
 

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
+import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -325,3 +329,52 @@ def assert_judges_accept(records: dict[str, dict]) -> None:
     for gid, rec in records.items():
         ok, msg = run_judge(gid, rec["value"], rec["inputs"])
         assert ok, f"{gid}: {msg}"
+
+
+# -- one fresh release per test session, shared by the test files (and their xdist workers) ------------
+
+CACHE = REPO_ROOT / "build" / "test-cache"
+
+
+def source_key(*paths: Path) -> str:
+    """A hash of every file under ``paths`` (names and bytes) and of nbgrader's version: what a release depends on."""
+    import nbgrader
+
+    h = hashlib.sha256(f"nbgrader {nbgrader.__version__}".encode())
+    for top in paths:
+        files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        for f in files:
+            h.update(str(f.relative_to(top.parent)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def fresh_release(lang: str = "en") -> Path:
+    """The folder of a release of every exercise of edition ``lang`` made from today's solutions.
+
+    Made once and kept under ``build/test-cache/`` by a key over the solutions, the tinytf package and
+    nbgrader's version: editing a solution (or the release code) gives a new key and so a new release;
+    a stale copy is never used. Several xdist workers wait for one another instead of releasing twice.
+    Read-only for the tests: copy what you change.
+    """
+    from tinytf.course.release import EDITION_FOLDERS, release
+
+    src = REPO_ROOT / EDITION_FOLDERS[lang][0]
+    key = source_key(src, REPO_ROOT / "tinytf")
+    folder = CACHE / f"released-{lang}-{key}"
+    with _locked(CACHE / f"released-{lang}.lock"):
+        if not (folder / ".complete").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            release(src, folder)
+            (folder / ".complete").write_text(key)
+    return folder

@@ -10,13 +10,20 @@ import torch
 import tinytf
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here)")
+    """CUDA tests skip without a GPU; every test gets an ``xdist_group``: its file, unless it names its own.
+
+    ``make unit`` runs ``--dist loadgroup``: a file's tests stay on one worker (they share module fixtures:
+    a grading run, a release), except the tests that name a group of their own — the corpus's validate
+    runs are grouped per exercise so that both workers share them.
+    """
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU (none here)")
     for item in items:
-        if "cuda" in item.keywords:
+        if skip is not None and "cuda" in item.keywords:
             item.add_marker(skip)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,8 @@ from tinytf.course.grade import grade
 from tinytf.course.nbgrader_root import REPO, find_notebooks
 from tinytf.course.validate import format_report, validate
 
+pytestmark = pytest.mark.grading  # real validate/grade runs: make unit, not make test-fast
+
 CORPUS = REPO / "tests" / "corpus"
 CASES = sorted(CORPUS.glob("ex[0-9][0-9]/*.json"))
 RELEASED, SOLUTIONS = find_notebooks(REPO / "exercises"), find_notebooks(REPO / "solutions")
@@ -90,7 +92,12 @@ def test_the_corpus_covers_every_exercise_with_two_wrong_answers_and_the_solutio
         assert any(c["validate"]["clean"] and not c["cells"] for c in cases), f"{ex}: the solution itself is a case"
 
 
-@pytest.mark.parametrize("path", CASES, ids=_case_id)
+# each exercise's validate runs form an xdist group of their own, so that both workers share them
+# (the grading run of the whole corpus stays with this file's other tests: they read its gradebook)
+VALIDATE_CASES = [pytest.param(p, id=_case_id(p), marks=pytest.mark.xdist_group(f"corpus-validate-{p.parent.name}")) for p in CASES]
+
+
+@pytest.mark.parametrize("path", VALIDATE_CASES)
 def test_validate_gives_the_expected_verdict(path, submissions):
     case = json.loads(path.read_text(encoding="utf-8"))
     nb = submissions / _case_id(path) / RELEASED[case["exercise"]].name

@@ -4,6 +4,7 @@ released exercises, run untouched, fail their tests cleanly (NotImplementedError
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import _coursekit as K
@@ -21,6 +22,7 @@ def _found(folder: str) -> dict[str, Path]:
 SOLUTIONS = {(lang, ex): p for lang, (src, _) in EDITION_FOLDERS.items() for ex, p in _found(src).items()}
 RELEASED = {(lang, ex): p for lang, (_, out) in EDITION_FOLDERS.items() for ex, p in _found(out).items()}
 KEYS = sorted(RELEASED)
+assert len(KEYS) >= 20 and len(SOLUTIONS) == len(KEYS), "both editions of every exercise are released"
 
 
 def _key_id(key: tuple[str, str]) -> str:
@@ -57,20 +59,18 @@ def test_release_is_byte_identical_and_strips_solutions_and_hidden_tests(tmp_pat
     assert writes == [a] and a.read_text(encoding="utf-8") == text
 
 
-@pytest.mark.skipif(not SOLUTIONS, reason="no solutions yet")
+@pytest.mark.grading  # nbgrader releases every exercise (once per session, shared)
 @pytest.mark.parametrize("lang", sorted(EDITION_FOLDERS))
-def test_committed_exercises_are_exactly_a_fresh_release(tmp_path, lang):
+def test_committed_exercises_are_exactly_a_fresh_release(lang):
     src, out = EDITION_FOLDERS[lang]
-    if not _found(src):
-        pytest.skip(f"no {src}/ yet")
-    fresh = release(REPO / src, tmp_path)
+    assert len(_found(src)) >= 10, f"{src}/ holds the instructor notebooks of every exercise"
+    fresh = sorted(K.fresh_release(lang).glob("ex[0-9][0-9]*.ipynb"))  # this session's release of today's solutions
     committed = sorted(p.name for (lg, _), p in RELEASED.items() if lg == lang)
     assert sorted(p.name for p in fresh) == committed, f"run `make release` and commit {out}/"
     for path in fresh:
         assert (REPO / out / path.name).read_bytes() == path.read_bytes(), f"{out}/{path.name} is stale: run `make release`"
 
 
-@pytest.mark.skipif(not RELEASED, reason="no released exercises yet")
 @pytest.mark.parametrize("ex", KEYS, ids=_key_id)
 def test_nothing_of_a_solution_or_a_hidden_test_is_released(ex):
     sol = K.load(SOLUTIONS[ex])
@@ -106,7 +106,7 @@ def _run_untouched(path: Path) -> tuple[list, bool]:
     return nb.cells[:-1], alive
 
 
-@pytest.mark.skipif(not RELEASED, reason="no released exercises yet")
+@pytest.mark.grading  # executes every released notebook
 @pytest.mark.parametrize("ex", KEYS, ids=_key_id)
 def test_released_exercise_run_untouched_fails_its_tests_cleanly(ex, monkeypatch):
     monkeypatch.setenv("TINYTF_HEADLESS", "1")
@@ -127,3 +127,16 @@ def test_released_exercise_run_untouched_fails_its_tests_cleanly(ex, monkeypatch
     last = K.src(cells[-1])
     assert last == f'from tinytf.course import self_check\nself_check("{ex[1]}")', "the last cell is the two-line self-check"
     assert not any(o.get("output_type") == "error" for o in cells[-1].get("outputs", [])), "self_check never raises"
+
+
+def test_the_shared_release_is_keyed_by_every_solution_byte(tmp_path):
+    """The session's cached release (tests/_coursekit.fresh_release) can never hide an edited solution."""
+    sol = tmp_path / "solutions"
+    shutil.copytree(REPO / "solutions", sol)
+    before = K.source_key(sol, REPO / "tinytf")
+    assert K.source_key(sol, REPO / "tinytf") == before, "the key is deterministic"
+    nb = next(iter(sorted(sol.glob("ex*.ipynb"))))
+    nb.write_bytes(nb.read_bytes().replace(b"assert", b"assert ", 1))
+    assert K.source_key(sol, REPO / "tinytf") != before, "editing one character of a solution gives a new release"
+    (sol / "zh" / "ex99_new.ipynb").write_text("{}", encoding="utf-8")
+    assert K.source_key(sol, REPO / "tinytf") not in (before,), "a new file does too"
