@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from .grouped import check_kv_heads
-from .masks import check_window
+from .config import ModelConfig, check_kv_heads, check_window
 
 __all__ = [
     "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "format_bytes", "parameter_count",
@@ -84,21 +83,12 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _config_of(model_config: Any) -> Any:
-    """A :class:`tinytf.ModelConfig` from a config or a :class:`tinytf.TinyLanguageModel`."""
+def _config_of(model_config: Any) -> ModelConfig:
+    """The :class:`tinytf.ModelConfig` of a config or of a :class:`tinytf.TinyLanguageModel` (its ``.config``)."""
     config = getattr(model_config, "config", model_config)
-    for name in ("vocab", "dim", "heads", "layers", "max_tokens", "expansion"):
-        if not hasattr(config, name):
-            raise ValueError(
-                f"model_config must be a tinytf.ModelConfig or TinyLanguageModel, got {type(model_config).__name__} without .{name}"
-            )
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"model_config must be a tinytf.ModelConfig or TinyLanguageModel, got {type(model_config).__name__}")
     return config
-
-
-def _kv_heads_of(c: Any) -> int:
-    """K/V heads of a config (``heads`` for a config without ``kv_heads``)."""
-    kv = getattr(c, "kv_heads", None)
-    return c.heads if kv is None else kv
 
 
 def parameter_count(model_config: Any) -> tuple[int, int]:
@@ -112,8 +102,8 @@ def parameter_count(model_config: Any) -> tuple[int, int]:
     """
     c = _config_of(model_config)
     d, f = c.dim, c.expansion * c.dim
-    qkv = d + 2 * _kv_heads_of(c) * (d // c.heads)  # output width of the fused projection
-    bias = getattr(c, "bias", True)
+    qkv = d + 2 * c.n_kv_heads * c.head_dim  # output width of the fused projection
+    bias = c.bias
     linear_biases = (qkv + d + f + d) if bias else 0
     block = (qkv * d + d * d + 2 * d * f) + linear_biases + 4 * d
     scalars = c.vocab * d + c.max_tokens * d + c.layers * block + 2 * d + d * c.vocab
@@ -262,7 +252,7 @@ def ledger(
     F = c.expansion * D
     BTD, BTF = B * T * D, B * T * F
     explicit, tiled = attention == "explicit", attention == "tiled"
-    kv_heads = _kv_heads_of(c)
+    kv_heads = c.n_kv_heads
     BTQ = B * T * (D + 2 * kv_heads * (D // H))  # the fused projection's output: q, k, v
     repeated = 2 * BTD if kv_heads < H and attention != "sdpa" else 0  # K and V repeated per query head (repeat_kv)
     parameters = n_params * b
@@ -301,6 +291,6 @@ def ledger(
         }
         peak_phase = max(phases, key=lambda name: sum(phases[name]))
         hidden, ffn, attn, logits, other = phases[peak_phase]
-        kv = kv_cache_bytes(B, L, H, T, D // H, dtype, kv_heads=kv_heads, window=getattr(c, "window", None))
+        kv = kv_cache_bytes(B, L, H, T, D // H, dtype, kv_heads=kv_heads, window=c.window)
     return Ledger(B, T, dtype_name(dtype), training, optimizer, attention, mixed_precision,
                   parameters, gradients, optimizer_state, master, hidden, ffn, attn, logits, other, kv, peak_phase)
