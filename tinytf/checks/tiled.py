@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..memory_ledger import attention_matrix_bytes
 from ..memory_meters import PeakMemoryMeter
+from ..memory_sizes import attention_matrix_bytes
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, error_text, is_close, max_abs_diff, quietly
