@@ -63,8 +63,12 @@ lab: $(SETUP) ## open the student's JupyterLab on notebooks/ (exercises/ one fol
 lab-instructor: $(SETUP) ## the same JupyterLab with nbgrader's instructor tools (create assignment, formgrader)
 	JUPYTER_CONFIG_PATH=$(CURDIR)/lab/instructor $(LAB)
 
-lint: $(SETUP) ## ruff on the package, tests and notebooks
-	$(call timed,lint,$(PYTHON) -m ruff check .)
+# import-linter's command line (lint-imports) run by $(PYTHON), so PYTHON=python3 works too; the contracts
+# (layers, model code below the course, no import loops) are in pyproject.toml under [tool.importlinter]
+LINT_IMPORTS = $(PYTHON) -c "from importlinter.cli import lint_imports_command; lint_imports_command()" --no-cache
+
+lint: $(SETUP) ## ruff on the package, tests and notebooks; import-linter on the package's layers
+	$(call timed,lint,$(PYTHON) -m ruff check . && $(LINT_IMPORTS))
 
 unit: $(SETUP) ## unit tests (tests/), the grading and validate runs included
 	$(call timed,unit,$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadgroup --durations=10 -m "not ui and not book" --ignore=tests/ui tests)

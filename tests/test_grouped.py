@@ -17,7 +17,6 @@ from tinytf import (
     padding_mask,
     repeat_kv,
     save_checkpoint,
-    to_grouped_query,
 )
 from tinytf.grouped import kv_head_of
 
@@ -161,45 +160,3 @@ def test_cache_stores_kv_heads_and_decoding_matches_recomputation(device, backen
             torch.testing.assert_close(model(ids[:, t : t + 1], cache=cache)[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
     prompt = ids[:, :4]
     assert torch.equal(generate(model, prompt, 16, temperature=0), generate(model, prompt, 16, temperature=0, use_cache=False))
-
-
-def test_to_grouped_query_with_as_many_heads_is_the_identity():
-    torch.manual_seed(2)
-    model = TinyLanguageModel(vocab=30, dim=32, heads=4, layers=2, max_tokens=16).eval()
-    same = to_grouped_query(model, 4)
-    assert same is not model and same.config == model.config
-    ids = torch.randint(0, 30, (2, 16))
-    torch.testing.assert_close(same(ids), model(ids), atol=0, rtol=0)
-
-
-@pytest.mark.parametrize("kv_heads", [2, 1])
-def test_to_grouped_query_mean_pools_each_group(kv_heads):
-    torch.manual_seed(3)
-    model = TinyLanguageModel(vocab=30, dim=48, heads=4, layers=2, max_tokens=16)
-    before = {n: p.clone() for n, p in model.state_dict().items()}
-    gqa = to_grouped_query(model, kv_heads)
-    assert gqa.config.n_kv_heads == kv_heads and gqa.training
-    assert all(torch.equal(p, before[n]) for n, p in model.state_dict().items())  # the original is untouched
-    d, groups = 12, 4 // kv_heads
-    for i in range(2):
-        for part in ("weight", "bias"):
-            src = getattr(model.blocks[i].attn.qkv, part).detach()
-            out = getattr(gqa.blocks[i].attn.qkv, part).detach()
-            assert torch.equal(out[:48], src[:48])  # W_q copied
-            for which in range(2):  # K then V
-                heads_src = src[48 + which * 48 : 48 + (which + 1) * 48].unflatten(0, (4, d))  # [4, d, ...]
-                heads_out = out[48 + which * kv_heads * d : 48 + (which + 1) * kv_heads * d].unflatten(0, (kv_heads, d))
-                for j in range(kv_heads):
-                    torch.testing.assert_close(heads_out[j], heads_src[j * groups : (j + 1) * groups].mean(0))
-    for name, p in gqa.state_dict().items():
-        if ".attn.qkv." not in name:
-            assert torch.equal(p, before[name])
-    # pooling twice (4 -> 2 -> 1) is pooling once (4 -> 1)
-    torch.testing.assert_close(to_grouped_query(to_grouped_query(model, 2), 1).state_dict(), to_grouped_query(model, 1).state_dict())
-
-
-def test_to_grouped_query_refuses_groups_that_do_not_pool():
-    model = TinyLanguageModel(vocab=30, dim=48, heads=6, layers=1, max_tokens=8, kv_heads=3)
-    with pytest.raises(ValueError, match=r"kv_heads=2 must divide the model's 3 K/V heads.*\[1, 3\]"):
-        to_grouped_query(model, 2)
-    assert to_grouped_query(model, 1).config.n_kv_heads == 1

@@ -27,12 +27,15 @@ from .checks import (
     diagnose_window,
     report,
 )
+from .config import ModelConfig
+from .convert import to_grouped_query
 from .device import describe_device, pick_device, synchronize
-from .grouped import repeat_kv, to_grouped_query
+from .generation import cache_for, generate
+from .grouped import repeat_kv
 from .heads import CausalSelfAttention, MultiHeadAttention
-from .kvcache import KVCache, generate
+from .kvcache import KVCache
 from .language import notebook_language
-from .lm import ModelConfig, TinyLanguageModel, lm_loss, train_step
+from .lm import TinyLanguageModel, lm_loss, train_step
 from .masks import causal_mask, padding_mask
 from .memory import Ledger, ledger
 from .params import count_parameters, parameter_breakdown
@@ -64,6 +67,7 @@ __all__ = [
     "KVCache",
     "RollingKVCache",
     "generate",
+    "cache_for",
     "pick_device",
     "describe_device",
     "synchronize",

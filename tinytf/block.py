@@ -12,20 +12,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .config import ModelConfig, module_config
 from .heads import CausalSelfAttention
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kvcache import KVCache
 
-__all__ = ["TransformerBlock", "NORMS"]
-
-NORMS = ("pre", "post")
-
-
-def _check_norm(norm: str) -> None:
-    if norm not in NORMS:
-        raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
-
+__all__ = ["TransformerBlock"]
 
 class TransformerBlock(nn.Module):
     """Causal Transformer block ``[B, T, D] -> [B, T, D]`` with submodules ``norm1``, ``attn``,
@@ -34,11 +27,15 @@ class TransformerBlock(nn.Module):
     ``bias=False`` drops the bias vectors of every Linear layer (``attn.qkv``, ``attn.proj`` and
     the two of ``ffn``); the LayerNorms keep theirs. ``kv_heads`` and ``window`` go to
     :class:`tinytf.CausalSelfAttention` (grouped-query and sliding-window attention).
+
+    ``TransformerBlock(config)`` builds the block of a :class:`tinytf.ModelConfig` (``dim``, ``heads``,
+    ``max_tokens``, ``expansion``, ``norm``, ``dropout``, ``backend``, ``bias``, ``kv_heads``, ``window``);
+    ``TransformerBlock(dim=64, heads=4, ...)`` makes that config from the keywords (and validates them).
     """
 
     def __init__(
         self,
-        dim: int = 64,
+        dim: int | ModelConfig = 64,
         heads: int = 4,
         max_tokens: int = 128,
         expansion: int = 4,
@@ -51,18 +48,16 @@ class TransformerBlock(nn.Module):
         window: int | None = None,
     ) -> None:
         super().__init__()
-        _check_norm(norm)
-        if expansion < 1:
-            raise ValueError(f"expansion must be a positive integer, got {expansion}")
-        self.norm_position = norm
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = CausalSelfAttention(
-            dim, heads, max_tokens, kv_heads=kv_heads, window=window, bias=bias, dropout=dropout, backend=backend
-        )
-        self.norm2 = nn.LayerNorm(dim)
-        hidden = expansion * dim
-        self.ffn = nn.Sequential(nn.Linear(dim, hidden, bias=bias), nn.GELU(), nn.Linear(hidden, dim, bias=bias))  # D -> eD -> D
-        self.drop = nn.Dropout(dropout)  # on each residual branch's output
+        c = module_config(TransformerBlock.__init__, dim, dict(
+            heads=heads, max_tokens=max_tokens, expansion=expansion, norm=norm, dropout=dropout, backend=backend, bias=bias,
+            kv_heads=kv_heads, window=window))
+        self.norm_position = c.norm
+        self.norm1 = nn.LayerNorm(c.dim)
+        self.attn = CausalSelfAttention(c)
+        self.norm2 = nn.LayerNorm(c.dim)
+        hidden = c.expansion * c.dim
+        self.ffn = nn.Sequential(nn.Linear(c.dim, hidden, bias=c.bias), nn.GELU(), nn.Linear(hidden, c.dim, bias=c.bias))  # D -> eD -> D
+        self.drop = nn.Dropout(c.dropout)  # on each residual branch's output
 
     def forward(
         self,

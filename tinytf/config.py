@@ -4,29 +4,37 @@ The sizes (vocab, dim, heads, layers, max_tokens, expansion) *and* the choices t
 parameter shape (norm placement, dropout, attention backend, biases). The weights alone cannot tell a
 post-norm model from a pre-norm one, so a checkpoint must carry the whole config next to them.
 
+Every architectural choice is validated here, once, by the ``check_*`` functions below (with the
+allowed :data:`NORMS` and :data:`BACKENDS`); this module imports nothing of the model. The modules that
+build a model take the config (``TransformerBlock(config)``, ``CausalSelfAttention(config)``); their
+keyword constructors (``TransformerBlock(dim=64, heads=4)``) make a ``ModelConfig`` of those keywords,
+so they validate the same way and say the same things.
+
 Adding a field: give it a default here (a dict from an older checkpoint then loads with it), check it
-in ``__post_init__`` and pass it on where the model is built. ``to_dict``/``from_dict`` and the
+in ``__post_init__`` and read it in the one module that uses it. ``to_dict``/``from_dict`` and the
 checkpoint comparison pick it up by themselves.
 """
 
 from __future__ import annotations
 
+import inspect
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .block import _check_norm
-from .grouped import check_kv_heads
-from .heads import _check_backend, _check_heads
-from .masks import check_window
+__all__ = [
+    "ModelConfig", "NORMS", "BACKENDS", "check_heads", "check_norm", "check_backend", "check_dropout", "check_kv_heads",
+    "check_window", "module_config",
+]
 
-__all__ = ["ModelConfig"]
+NORMS = ("pre", "post")  # where each block normalises: before attention/FFN (modern) or after the residual sum (2017)
+BACKENDS = ("explicit", "sdpa", "tiled")  # tinytf's attention written out, PyTorch's fused kernel, the online softmax
 
 _SIZES = {
     "vocab": "the number of token ids",
     "layers": "the number of Transformer blocks",
-    "max_tokens": "the number of rows of the position table",
+    "max_tokens": "the longest sequence: the number of rows of the position table",
     "expansion": "the FFN hidden width is expansion * dim",
 }
 
@@ -35,6 +43,66 @@ def _integer(name: str, value: Any) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
     return operator.index(value)
+
+
+def check_heads(dim: int, heads: int) -> None:
+    """``ValueError`` unless ``heads`` divides ``dim`` (each head gets ``d_head = dim / heads`` channels)."""
+    if heads < 1 or dim < 1:
+        raise ValueError(f"dim and heads must be positive, got dim={dim}, heads={heads}")
+    if dim % heads != 0:
+        near = [h for h in range(1, dim + 1) if dim % h == 0 and abs(h - heads) <= max(2, heads)]
+        raise ValueError(
+            f"dim={dim} is not divisible by heads={heads}: each head needs d_head = dim / heads "
+            f"channels. Choose heads among the divisors of {dim} (e.g. {near}) or change dim."
+        )
+
+
+def check_norm(norm: str) -> str:
+    """``norm`` if it is one of :data:`NORMS` (``"pre"``, ``"post"``), else a ``ValueError``."""
+    if norm not in NORMS:
+        raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+    return norm
+
+
+def check_backend(backend: str) -> str:
+    """``backend`` if it is one of :data:`BACKENDS`, else a ``ValueError``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def check_dropout(p: float) -> float:
+    """``p`` as a float if it is a probability in ``[0, 1)``, else a ``ValueError``."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        raise ValueError(
+            f"dropout must be a probability in [0, 1), got {p!r}: it is the chance of zeroing an activation "
+            "while training (0.0 switches dropout off)."
+        )
+    return float(p)
+
+
+def check_kv_heads(heads: int, kv_heads: int | None) -> int:
+    """The number of K/V heads: ``heads`` when ``kv_heads`` is None; a ``ValueError`` unless it divides ``heads``."""
+    if kv_heads is None:
+        return heads
+    divisors = [g for g in range(1, heads + 1) if heads % g == 0]
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads != 0:
+        raise ValueError(
+            f"kv_heads={kv_heads!r} does not divide heads={heads}: every K/V head is shared by the same number "
+            f"(heads / kv_heads) of query heads. Choose kv_heads among {divisors} "
+            f"({heads} = multi-head, 1 = multi-query), or None for multi-head attention."
+        )
+    return kv_heads
+
+
+def check_window(window: int) -> int:
+    """``window`` as an int; ``ValueError`` unless it is a positive integer (the query itself counts)."""
+    if isinstance(window, bool) or not hasattr(window, "__index__") or int(window) < 1:
+        raise ValueError(
+            f"window must be a positive integer (each query sees the last `window` keys, itself included), "
+            f"got window={window!r}. window=1 lets a token see only itself; None switches the window off."
+        )
+    return int(window)
 
 
 @dataclass(frozen=True)
@@ -70,16 +138,10 @@ class ModelConfig:
         for name, what in _SIZES.items():
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer ({what}), got {getattr(self, name)}")
-        _check_heads(self.dim, self.heads)
-        _check_norm(self.norm)
-        _check_backend(self.backend)
-        p = self.dropout
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-            raise ValueError(
-                f"dropout must be a probability in [0, 1), got {p!r}: it is the chance of zeroing an activation "
-                "while training (0.0 switches dropout off)."
-            )
-        object.__setattr__(self, "dropout", float(p))
+        check_heads(self.dim, self.heads)
+        check_norm(self.norm)
+        check_backend(self.backend)
+        object.__setattr__(self, "dropout", check_dropout(self.dropout))
         if not isinstance(self.bias, bool):
             raise ValueError(f"bias must be True or False, got {self.bias!r} ({type(self.bias).__name__})")
         kv = check_kv_heads(self.heads, None if self.kv_heads is None else _integer("kv_heads", self.kv_heads))
@@ -91,6 +153,11 @@ class ModelConfig:
     def n_kv_heads(self) -> int:
         """The number of K/V heads: ``kv_heads``, or ``heads`` when it is None (multi-head attention)."""
         return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        """The width of one head: ``d_head = dim // heads``."""
+        return self.dim // self.heads
 
     def to_dict(self) -> dict[str, Any]:
         """Plain ``{field: value}`` (ints, a float, strings, a bool, None): safe for JSON and ``weights_only``."""
@@ -110,3 +177,22 @@ class ModelConfig:
                 "Fix the spelling, or upgrade tinytf if the config was written by a newer version."
             )
         return cls(**data)
+
+
+def module_config(init: Callable[..., None], first: ModelConfig | int, given: Mapping[str, Any]) -> ModelConfig:
+    """The config a module is built from: ``TransformerBlock(config)`` or ``TransformerBlock(dim=64, heads=4, ...)``.
+
+    ``first`` is the constructor's first argument, ``given`` the others by name. A :class:`ModelConfig` is
+    used as it is (already validated), and then every other argument must keep the default of ``init``'s
+    signature; an ``int`` is the ``dim`` of a new ``ModelConfig(dim=first, **given)``, validated here."""
+    if not isinstance(first, ModelConfig):
+        return ModelConfig(dim=first, **given)
+    params = inspect.signature(init).parameters
+    extra = {name: value for name, value in given.items() if value is not params[name].default and value != params[name].default}
+    if extra:
+        owner = init.__qualname__.removesuffix(".__init__")
+        raise ValueError(
+            f"{owner}(config, ...) takes every size and choice from the config, but also got {extra}. Put them in "
+            f"the config instead: {owner}(dataclasses.replace(config, {', '.join(f'{k}={v!r}' for k, v in extra.items())}))."
+        )
+    return first

@@ -17,32 +17,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import check_mask, scaled_dot_product_attention
-from .grouped import check_kv_heads, repeat_kv
-from .masks import causal_mask, check_window
+from .config import ModelConfig, module_config
+from .grouped import repeat_kv
+from .masks import causal_mask
+from .rolling import RollingKVCache
 from .tiled import tiled_attention
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kvcache import KVCache
 
-__all__ = ["MultiHeadAttention", "CausalSelfAttention", "BACKENDS"]
-
-BACKENDS = ("explicit", "sdpa", "tiled")
-
-
-def _check_heads(dim: int, heads: int) -> None:
-    if heads < 1 or dim < 1:
-        raise ValueError(f"dim and heads must be positive, got dim={dim}, heads={heads}")
-    if dim % heads != 0:
-        near = [h for h in range(1, dim + 1) if dim % h == 0 and abs(h - heads) <= max(2, heads)]
-        raise ValueError(
-            f"dim={dim} is not divisible by heads={heads}: each head needs d_head = dim / heads "
-            f"channels. Choose heads among the divisors of {dim} (e.g. {near}) or change dim."
-        )
-
-
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+__all__ = ["MultiHeadAttention", "CausalSelfAttention"]
 
 
 class MultiHeadAttention(nn.Module):
@@ -56,12 +40,16 @@ class MultiHeadAttention(nn.Module):
     runs PyTorch's fused ``F.scaled_dot_product_attention``; ``backend="tiled"`` runs
     :func:`tinytf.tiled_attention` (the online softmax, tile by tile; no attention dropout). All
     three give the same result.
+
+    Built from a :class:`tinytf.ModelConfig` (``MultiHeadAttention(config)``: its ``dim``, ``heads``,
+    ``kv_heads``, ``bias``, ``dropout``, ``backend``) or from those values directly
+    (``MultiHeadAttention(64, 4, backend="sdpa")``), which the config validates.
     """
 
     def __init__(
         self,
-        dim: int,
-        heads: int,
+        dim: int | ModelConfig,
+        heads: int | None = None,
         *,
         kv_heads: int | None = None,
         bias: bool = True,
@@ -69,17 +57,17 @@ class MultiHeadAttention(nn.Module):
         backend: str = "explicit",
     ) -> None:
         super().__init__()
-        _check_heads(dim, heads)
-        _check_backend(backend)
-        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
-        self.kv_heads = check_kv_heads(heads, kv_heads)
-        self.groups = heads // self.kv_heads  # query heads per K/V head
+        c = module_config(MultiHeadAttention.__init__, dim, dict(heads=heads, kv_heads=kv_heads, bias=bias, dropout=dropout,
+                                                                  backend=backend))
+        self.dim, self.heads, self.head_dim = c.dim, c.heads, c.head_dim
+        self.kv_heads = c.n_kv_heads
+        self.groups = c.heads // self.kv_heads  # query heads per K/V head
         self.kv_dim = self.kv_heads * self.head_dim  # width of k and of v
-        self.backend = backend
-        self.dropout = dropout
-        self.qkv = nn.Linear(dim, dim + 2 * self.kv_dim, bias=bias)  # [W_q; W_k; W_v]: D + kv_dim + kv_dim rows
-        self.proj = nn.Linear(dim, dim, bias=bias)
-        self.attn_drop = nn.Dropout(dropout)
+        self.backend = c.backend
+        self.dropout = c.dropout
+        self.qkv = nn.Linear(c.dim, c.dim + 2 * self.kv_dim, bias=c.bias)  # [W_q; W_k; W_v]: D + kv_dim + kv_dim rows
+        self.proj = nn.Linear(c.dim, c.dim, bias=c.bias)
+        self.attn_drop = nn.Dropout(c.dropout)
 
     # -- shape helpers -------------------------------------------------------------------------
     def split_heads(self, z: torch.Tensor) -> torch.Tensor:
@@ -193,13 +181,15 @@ class CausalSelfAttention(MultiHeadAttention):
     :class:`MultiHeadAttention`. ``window``: each query sees at most the last ``window`` keys, itself
     included (:func:`tinytf.causal_mask`); such a layer also runs with a :class:`tinytf.RollingKVCache`
     of the same window, which keeps only ``window`` tokens.
+
+    ``CausalSelfAttention(config)`` reads ``max_tokens`` and ``window`` from the config too.
     """
 
     def __init__(
         self,
-        dim: int,
-        heads: int,
-        max_tokens: int,
+        dim: int | ModelConfig,
+        heads: int | None = None,
+        max_tokens: int | None = None,
         *,
         kv_heads: int | None = None,
         window: int | None = None,
@@ -207,11 +197,11 @@ class CausalSelfAttention(MultiHeadAttention):
         dropout: float = 0.0,
         backend: str = "explicit",
     ) -> None:
-        super().__init__(dim, heads, kv_heads=kv_heads, bias=bias, dropout=dropout, backend=backend)
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-        self.max_tokens = max_tokens
-        self.window = None if window is None else check_window(window)
+        c = module_config(CausalSelfAttention.__init__, dim, dict(heads=heads, max_tokens=max_tokens, kv_heads=kv_heads,
+                                                                   window=window, bias=bias, dropout=dropout, backend=backend))
+        super().__init__(c)
+        self.max_tokens = c.max_tokens
+        self.window = c.window
 
     def _check_cache(self, cache: KVCache | None, layer: int, x: torch.Tensor, mask: torch.Tensor | None) -> None:
         """``ValueError`` if x's tokens exceed ``max_tokens`` or the cache does not suit this layer."""
@@ -223,13 +213,14 @@ class CausalSelfAttention(MultiHeadAttention):
                 + f") is longer than max_tokens={self.max_tokens}. Truncate the input to the last "
                 f"{self.max_tokens} tokens or build the model with a larger max_tokens."
             )
-        rolling = getattr(cache, "window", None)
-        if rolling is not None and rolling != self.window:
+        if not isinstance(cache, RollingKVCache):
+            return
+        if cache.window != self.window:
             raise ValueError(
-                f"a RollingKVCache of window={rolling} needs attention with the same window, but this layer has "
+                f"a RollingKVCache of window={cache.window} needs attention with the same window, but this layer has "
                 f"window={self.window}. Build the cache with RollingKVCache.for_model(model, batch)."
             )
-        if rolling is not None and mask is not None:
+        if mask is not None:
             raise ValueError(
                 "a RollingKVCache keeps keys in ring order, so an extra mask (e.g. padding [B, 1, 1, Tk]) cannot be "
                 "lined up with them. Generate unpadded batches, or use a KVCache with the window mask."

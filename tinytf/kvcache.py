@@ -4,7 +4,8 @@
 
 A grouped-query model (``kv_heads < heads``) stores only its ``kv_heads`` K/V heads: the cache is
 ``heads / kv_heads`` times smaller. A sliding-window model generates with a
-:class:`tinytf.RollingKVCache` instead, which keeps only the last ``window`` tokens.
+:class:`tinytf.RollingKVCache` instead (a subclass), which keeps only the last ``window`` tokens;
+:func:`tinytf.cache_for` picks the one a model needs.
 
 No ``torch.cat`` per decode step: memory is allocated once, the way static caches in serving
 engines work, and each step writes its new k/v at the write position.
@@ -12,11 +13,9 @@ engines work, and each step writes its new k/v at the write position.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-__all__ = ["KVCache", "generate"]
+__all__ = ["KVCache"]
 
 
 class KVCache:
@@ -46,12 +45,11 @@ class KVCache:
         self.lengths = [0] * layers
 
     @classmethod
-    def for_model(cls, model, batch: int, *, max_tokens: int | None = None) -> KVCache:
-        """A cache sized for a :class:`tinytf.TinyLanguageModel` (dtype and device of its weights)."""
-        p = next(model.parameters())
-        attn = model.blocks[0].attn
-        return cls(len(model.blocks), batch, attn.kv_heads, max_tokens or model.max_tokens, attn.head_dim, dtype=p.dtype,
-                   device=p.device)
+    def for_model(cls, model: torch.nn.Module, batch: int, *, max_tokens: int | None = None) -> KVCache:
+        """A cache sized by ``model.config`` (a :class:`tinytf.ModelConfig`: layers, K/V heads, head width,
+        ``max_tokens`` unless given) in the dtype and on the device of the model's weights."""
+        c, p = model.config, next(model.parameters())
+        return cls(c.layers, batch, c.n_kv_heads, max_tokens or c.max_tokens, c.head_dim, dtype=p.dtype, device=p.device)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -113,86 +111,3 @@ class KVCache:
     def __repr__(self) -> str:
         layers, b, h, cap, d = self.shape
         return f"KVCache(layers={layers}, B={b}, kv_heads={h}, max_tokens={cap}, d_head={d}, seen={self.seen}, dtype={self.k.dtype})"
-
-
-@torch.inference_mode()
-def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> torch.Tensor:
-    """logits ``[B, V]`` -> next ids ``[B, 1]``; greedy when temperature == 0."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]  # [B, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)
-
-
-def generate(
-    model,
-    ids: torch.Tensor,
-    max_new_tokens: int,
-    *,
-    use_cache: bool = True,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Extend ids ``[B, T]`` by up to ``max_new_tokens`` tokens -> ``[B, T + n]``.
-
-    ``use_cache=True``: one prefill over the prompt, then one decode step per token that computes
-    q/k/v for the new token only. ``use_cache=False``: recompute the whole prefix every step (the
-    slow reference). ``temperature=0`` is greedy; ``top_k`` keeps the k most likely tokens.
-    Generation stops at the model's ``max_tokens`` with a warning that says so. A model with a
-    sliding window (``config.window``) decodes with a :class:`tinytf.RollingKVCache`: its memory
-    stays at ``window`` tokens, but the learned position table still has ``max_tokens`` rows, so the
-    same limit holds (a model with relative positions, such as RoPE, would not have it).
-    """
-    if ids.dim() != 2:
-        raise ValueError(f"generate expects ids [B, T], got shape {list(ids.shape)} (add a batch axis with ids[None])")
-    if ids.size(1) == 0:
-        raise ValueError(f"generate needs a prompt of at least one token, got ids of shape {list(ids.shape)}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    limit = model.max_tokens
-    if ids.size(1) > limit:
-        raise ValueError(f"the prompt has {ids.size(1)} tokens but max_tokens={limit}; keep its last {limit} tokens")
-    n = min(max_new_tokens, limit - ids.size(1))
-    window = getattr(getattr(model, "config", None), "window", None)
-    if n < max_new_tokens:
-        warnings.warn(
-            f"generate: stopping after {n} new tokens instead of {max_new_tokens}: the prompt "
-            f"({ids.size(1)}) plus new tokens reach the model's max_tokens={limit}"
-            + (f" (the rolling cache bounds memory to window={window} tokens, not positions: the learned position "
-               f"table has {limit} rows)." if window is not None else "."),
-            stacklevel=2,
-        )
-    from .rolling import RollingKVCache  # a subclass of KVCache: imported here, not at module level
-
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            t0 = ids.size(1)
-            out = torch.empty(ids.size(0), t0 + n, dtype=ids.dtype, device=ids.device)  # [B, T + n], filled in place
-            out[:, :t0] = ids
-            if use_cache and n > 0:
-                cache = (KVCache.for_model(model, ids.size(0), max_tokens=t0 + n) if window is None
-                         else RollingKVCache.for_model(model, ids.size(0)))
-                logits = model(ids, cache=cache)[:, -1]  # prefill: [B, V]
-                for i in range(n):
-                    nxt = _next_token(logits, temperature, top_k, generator)  # [B, 1]
-                    out[:, t0 + i : t0 + i + 1] = nxt
-                    if i + 1 < n:
-                        logits = model(nxt, cache=cache)[:, -1]  # decode one token
-            elif not use_cache:
-                for i in range(n):
-                    logits = model(out[:, : t0 + i])[:, -1]  # recompute the whole prefix
-                    out[:, t0 + i : t0 + i + 1] = _next_token(logits, temperature, top_k, generator)
-        return out
-    finally:
-        model.train(was_training)

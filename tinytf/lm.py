@@ -19,7 +19,7 @@ from .config import ModelConfig
 if TYPE_CHECKING:  # pragma: no cover
     from .kvcache import KVCache
 
-__all__ = ["ModelConfig", "TinyLanguageModel", "lm_loss", "train_step"]
+__all__ = ["TinyLanguageModel", "lm_loss", "train_step"]
 
 
 class TinyLanguageModel(nn.Module):
@@ -37,11 +37,7 @@ class TinyLanguageModel(nn.Module):
         self.max_tokens = c.max_tokens
         self.token = nn.Embedding(c.vocab, c.dim)
         self.position = nn.Embedding(c.max_tokens, c.dim)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(c.dim, c.heads, c.max_tokens, c.expansion, norm=c.norm, dropout=c.dropout, backend=c.backend,
-                             bias=c.bias, kv_heads=c.kv_heads, window=c.window)
-            for _ in range(c.layers)
-        )
+        self.blocks = nn.ModuleList(TransformerBlock(c) for _ in range(c.layers))
         self.norm = nn.LayerNorm(c.dim)
         self.lm_head = nn.Linear(c.dim, c.vocab, bias=False)
 

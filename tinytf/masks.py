@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["causal_mask", "padding_mask", "check_causal_sizes", "check_window"]
+from .config import check_window
+
+__all__ = ["causal_mask", "padding_mask", "check_causal_sizes"]
 
 
 def causal_mask(
@@ -33,16 +35,6 @@ def causal_mask(
     if window is not None:
         mask = mask.triu(diagonal=offset - check_window(window) + 1)  # and key j > offset + i - window
     return mask
-
-
-def check_window(window: int) -> int:
-    """``window`` as an int; ``ValueError`` unless it is a positive integer (the query itself counts)."""
-    if isinstance(window, bool) or not hasattr(window, "__index__") or int(window) < 1:
-        raise ValueError(
-            f"window must be a positive integer (each query sees the last `window` keys, itself included), "
-            f"got window={window!r}. window=1 lets a token see only itself; None switches the window off."
-        )
-    return int(window)
 
 
 def check_causal_sizes(t_q: int, t_k: int) -> None:

@@ -1,12 +1,13 @@
 """A memory ledger: predicted bytes for attention, activations, parameters and the KV cache,
 and the meters that check each prediction against a measurement.
 
-Two modules, one namespace (every name is importable as ``tinytf.memory.X``):
+Four modules, one namespace (every name is importable as ``tinytf.memory.X``):
 
-* :mod:`tinytf.memory_ledger` — predictions from shapes and a dtype: :func:`dtype_bytes`,
-  :func:`attention_matrix_bytes`, :func:`kv_cache_bytes`, :func:`format_bytes`,
-  :func:`parameter_count` and :func:`ledger`, which adds them up (a :class:`Ledger`) for a whole
-  training step or inference prefill, and :func:`tiled_working_set` (one step of the tiled attention);
+* :mod:`tinytf.memory_sizes` — sizes from shapes and a dtype: :func:`dtype_bytes`,
+  :func:`attention_matrix_bytes`, :func:`kv_cache_bytes`, :func:`tiled_working_set` (one step of the
+  tiled attention) and :func:`format_bytes`;
+* :mod:`tinytf.memory_ledger` — :func:`parameter_count` and :func:`ledger`, which adds the sizes up
+  (a :class:`Ledger`) for a whole training step or inference prefill;
 * :mod:`tinytf.memory_io` — an IO model: :func:`attention_io_bytes`, the bytes the explicit and the
   tiled attention move between slow and fast memory (:func:`tiled_io_blocks` picks the tiles);
 * :mod:`tinytf.memory_meters` — measurements: :class:`SavedTensorMeter` (bytes autograd saves for
@@ -18,25 +19,20 @@ Two modules, one namespace (every name is importable as ``tinytf.memory.X``):
 from __future__ import annotations
 
 from .memory_io import IO_METHODS, attention_io_bytes, tiled_io_blocks
-from .memory_ledger import (
-    ATTENTION_PATHS,
+from .memory_ledger import ATTENTION_PATHS, INT64, OPTIMIZER_STATES, Ledger, ledger, parameter_count
+from .memory_meters import PeakMemoryMeter, SavedTensorMeter, state_bytes
+from .memory_sizes import (
     FP32,
-    INT64,
-    OPTIMIZER_STATES,
     GiB,
     KiB,
-    Ledger,
     MiB,
     attention_matrix_bytes,
     dtype_bytes,
     dtype_name,
     format_bytes,
     kv_cache_bytes,
-    ledger,
-    parameter_count,
     tiled_working_set,
 )
-from .memory_meters import PeakMemoryMeter, SavedTensorMeter, state_bytes
 
 __all__ = [
     "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "format_bytes", "parameter_count",

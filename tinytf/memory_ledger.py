@@ -1,10 +1,9 @@
 """The analytic memory ledger: predicted bytes for attention, activations, parameters and the
 KV cache, from shapes and a dtype alone (no tensor is allocated).
 
-Size helpers (:func:`dtype_bytes`, :func:`attention_matrix_bytes`, :func:`kv_cache_bytes`,
-:func:`format_bytes`) return bytes as an ``int``; :func:`ledger` adds the terms up, component by
-component, for a whole training step or inference prefill (a :class:`Ledger`). The meters that
-check each prediction against a measurement live in :mod:`tinytf.memory_meters`; both are
+:func:`ledger` adds the terms up, component by component, for a whole training step or inference
+prefill (a :class:`Ledger`), from the size helpers of :mod:`tinytf.memory_sizes`. The meters that
+check each prediction against a measurement live in :mod:`tinytf.memory_meters`; all are
 importable from :mod:`tinytf.memory`."""
 
 from __future__ import annotations
@@ -14,91 +13,23 @@ from typing import Any
 
 import torch
 
-from .grouped import check_kv_heads
-from .masks import check_window
+from .config import ModelConfig
+from .memory_sizes import FP32, attention_matrix_bytes, dtype_bytes, dtype_name, format_bytes, kv_cache_bytes, tiled_working_set
 
-__all__ = [
-    "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "format_bytes", "parameter_count",
-    "Ledger", "ledger", "GiB", "MiB", "KiB", "OPTIMIZER_STATES", "ATTENTION_PATHS", "tiled_working_set",
-]
+__all__ = ["parameter_count", "Ledger", "ledger", "OPTIMIZER_STATES", "ATTENTION_PATHS", "INT64"]
 
-
-_ALIASES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
-            "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp64": torch.float64, "float64": torch.float64}
-
-
-def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, str):
-        if dtype.lower().removeprefix("torch.") not in _ALIASES:
-            raise ValueError(f"unknown dtype {dtype!r}: use one of {sorted(_ALIASES)} or a torch.dtype")
-        return _ALIASES[dtype.lower().removeprefix("torch.")]
-    return dtype
-
-
-def dtype_bytes(dtype: torch.dtype | str) -> int:
-    """Bytes per element: ``torch.float16``/``"fp16"`` -> 2, ``torch.float32``/``"fp32"`` -> 4, ..."""
-    return torch.empty((), dtype=_as_dtype(dtype)).element_size()
-
-
-def attention_matrix_bytes(batch: int, heads: int, tokens: int, dtype: torch.dtype | str) -> int:
-    """Bytes of one ``[B, H, T, T]`` scores or weights tensor."""
-    return batch * heads * tokens * tokens * dtype_bytes(dtype)
-
-
-def kv_cache_bytes(
-    batch: int,
-    layers: int,
-    heads: int,
-    tokens: int,
-    head_dim: int,
-    dtype: torch.dtype | str,
-    *,
-    kv_heads: int | None = None,
-    window: int | None = None,
-) -> int:
-    """Bytes of a KV cache: keys and values ``[B, kv_heads, T, d_head]`` for every layer (``2·L·B·kv_heads·T·d``).
-
-    ``kv_heads`` (a divisor of ``heads``; None = ``heads``) are the K/V heads a grouped-query model
-    stores: the cache is exactly ``heads / kv_heads`` times smaller. With a sliding ``window`` the
-    rolling cache holds ``min(T, window)`` tokens."""
-    stored = check_kv_heads(heads, kv_heads)
-    kept = tokens if window is None else min(tokens, check_window(window))
-    return 2 * layers * batch * stored * kept * head_dim * dtype_bytes(dtype)
-
-
-# -- the ledger -------------------------------------------------------------------------------------
 
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1}
 ATTENTION_PATHS = ("explicit", "sdpa", "tiled")
-TILE = 64  # the block_q = block_k of tinytf.tiled_attention that backend="tiled" uses
-FP32 = 4  # LayerNorm statistics and the fused kernel's log-sum-exp are kept in fp32
 INT64 = 8  # token ids and targets saved by the embedding and the loss
-GiB, MiB, KiB = 2**30, 2**20, 2**10
 
 
-def format_bytes(n: float) -> str:
-    """``4294967296 -> '4.00 GiB'``, ``1536 -> '1.50 KiB'`` (binary units)."""
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def _config_of(model_config: Any) -> Any:
-    """A :class:`tinytf.ModelConfig` from a config or a :class:`tinytf.TinyLanguageModel`."""
+def _config_of(model_config: Any) -> ModelConfig:
+    """The :class:`tinytf.ModelConfig` of a config or of a :class:`tinytf.TinyLanguageModel` (its ``.config``)."""
     config = getattr(model_config, "config", model_config)
-    for name in ("vocab", "dim", "heads", "layers", "max_tokens", "expansion"):
-        if not hasattr(config, name):
-            raise ValueError(
-                f"model_config must be a tinytf.ModelConfig or TinyLanguageModel, got {type(model_config).__name__} without .{name}"
-            )
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"model_config must be a tinytf.ModelConfig or TinyLanguageModel, got {type(model_config).__name__}")
     return config
-
-
-def _kv_heads_of(c: Any) -> int:
-    """K/V heads of a config (``heads`` for a config without ``kv_heads``)."""
-    kv = getattr(c, "kv_heads", None)
-    return c.heads if kv is None else kv
 
 
 def parameter_count(model_config: Any) -> tuple[int, int]:
@@ -112,8 +43,8 @@ def parameter_count(model_config: Any) -> tuple[int, int]:
     """
     c = _config_of(model_config)
     d, f = c.dim, c.expansion * c.dim
-    qkv = d + 2 * _kv_heads_of(c) * (d // c.heads)  # output width of the fused projection
-    bias = getattr(c, "bias", True)
+    qkv = d + 2 * c.n_kv_heads * c.head_dim  # output width of the fused projection
+    bias = c.bias
     linear_biases = (qkv + d + f + d) if bias else 0
     block = (qkv * d + d * d + 2 * d * f) + linear_biases + 4 * d
     scalars = c.vocab * d + c.max_tokens * d + c.layers * block + 2 * d + d * c.vocab
@@ -193,25 +124,6 @@ class Ledger:
         return self.table()
 
 
-def tiled_working_set(batch: int, heads: int, tokens: int, head_dim: int, dtype: torch.dtype | str, block: int = TILE) -> int:
-    """Bytes live inside one step of :func:`tinytf.tiled_attention` (no grad), beyond its inputs and output.
-
-    Two ``[B, H, bq, bk]`` tiles (the scores and their exponentials ``p``), the bool mask tile
-    ``[bq, bk]``, five ``[B, H, bq, d]`` tensors (the scaled query block, the accumulator, ``p @ v``,
-    the rescaled and the new accumulator) and seven ``[B, H, bq, 1]`` statistics (``m``, ``l``, the
-    tile maximum, the new and the safe maximum, the correction factor, the new ``l``). Blocks are
-    ``min(block, T)``: at ``T <= block`` a tile *is* the whole score matrix.
-    """
-    b, t = dtype_bytes(dtype), min(block, tokens)
-    return (2 * batch * heads * t * t + 5 * batch * heads * t * head_dim + 7 * batch * heads * t) * b + t * t
-
-
-def dtype_name(dtype: torch.dtype | str) -> str:
-    """Short name: ``torch.bfloat16``/``"bfloat16"`` -> ``"bf16"``, ``torch.float32`` -> ``"fp32"``."""
-    dtype = _as_dtype(dtype)
-    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}.get(dtype, str(dtype))
-
-
 def ledger(
     model_config: Any,
     batch: int,
@@ -256,51 +168,92 @@ def ledger(
     if training and tokens < 2:
         raise ValueError(f"a training step needs tokens >= 2 (the loss predicts the next token), got {tokens}")
     b = dtype_bytes(dtype)
-    peak_phase = ""
     n_params, n_tensors = parameter_count(c)
-    B, T, D, H, L, V = batch, tokens, c.dim, c.heads, c.layers, c.vocab
-    F = c.expansion * D
-    BTD, BTF = B * T * D, B * T * F
-    explicit, tiled = attention == "explicit", attention == "tiled"
-    kv_heads = _kv_heads_of(c)
-    BTQ = B * T * (D + 2 * kv_heads * (D // H))  # the fused projection's output: q, k, v
-    repeated = 2 * BTD if kv_heads < H and attention != "sdpa" else 0  # K and V repeated per query head (repeat_kv)
+    s = _Shapes(batch, tokens, c.dim, c.heads, c.layers, c.vocab, c.expansion * c.dim, c.n_kv_heads, b, attention, dtype)
     parameters = n_params * b
     gradients = optimizer_state = master = kv = 0
+    peak_phase = ""
     if training:
         gradients = n_params * b
         state_bytes = FP32 if mixed_precision else b
-        k = OPTIMIZER_STATES[optimizer]
         steps = n_tensors * FP32 if optimizer.startswith("adam") else 0  # Adam keeps a step counter per tensor
-        optimizer_state = k * n_params * state_bytes + steps
+        optimizer_state = OPTIMIZER_STATES[optimizer] * n_params * state_bytes + steps
         master = n_params * FP32 if mixed_precision else 0
-        # per layer: norm1 in/out, q, k, v, heads merged, norm2 in/out; + final norm in/out. The explicit
-        # matmuls save contiguous q, k, v [B, H, T, d] (3 BTD, however many K/V heads); the fused and the
-        # tiled kernel save the projection's output itself (BTQ) and the tiled one the repeated K and V
-        qkv_saved = 3 * BTD if explicit else BTQ + repeated
-        hidden = (L * (5 * BTD + qkv_saved) + 2 * BTD) * b
-        ffn = 2 * L * BTF * b  # GELU input and output (the second Linear's input)
-        attn = 2 * L * attention_matrix_bytes(B, H, T, dtype) if explicit else 0
-        if tiled:
-            attn = L * (BTD + B * H * T) * b  # the saved output [B, H, T, d] and lse [B, H, T], in dtype
-        logits = B * (T - 1) * V * b  # log-softmax output saved by cross-entropy
-        other = (2 * (2 * L + 1) * B * T * FP32  # LayerNorm mean and rstd
-                 + (B * T + T + B * (T - 1)) * INT64 + INT64 + b  # ids, positions, targets; token count, weight
-                 + (L * (T * T + T) if explicit else 0 if tiled else L * B * H * T * FP32))  # bool masks | fp32 lse
-    else:  # no-grad prefill: the peak is the largest working set of three phases of one layer
-        mask_bytes = 2 * T * T if explicit else 0  # one layer's causal mask and its negation (bool)
-        scores = 3 * attention_matrix_bytes(B, H, T, dtype) if explicit else 0  # scores, softmax, masked weights
-        if tiled:  # output [B, H, T, d] + lse [B, H, T] + the larger of one block's working set and the head merge
-            scores = (BTD + B * H * T) * b + max(tiled_working_set(B, H, T, D // H, dtype), BTD * b)
-        phases = {  # (hidden, ffn, attention, logits, other)
-            # block input, norm1 output, the [B, T, D + 2·kv_heads·d] projection (+ the fused kernel's output
-            # | the K and V repeated per query head for the explicit and the tiled attention)
-            "attention": ((2 * BTD + BTQ + (BTD if attention == "sdpa" else repeated)) * b, 0, scores, 0, mask_bytes),
-            "ffn": (3 * BTD * b, 2 * BTF * b, 0, 0, 0),  # block input, residual, norm2 output; GELU input and output
-            "logits": (2 * BTD * b, 0, 0, B * T * V * b, 0),  # last hidden state, final norm output; logits
-        }
-        peak_phase = max(phases, key=lambda name: sum(phases[name]))
-        hidden, ffn, attn, logits, other = phases[peak_phase]
-        kv = kv_cache_bytes(B, L, H, T, D // H, dtype, kv_heads=kv_heads, window=getattr(c, "window", None))
-    return Ledger(B, T, dtype_name(dtype), training, optimizer, attention, mixed_precision,
+        hidden, ffn, attn, logits, other = _saved_for_backward(s)
+    else:
+        peak_phase, (hidden, ffn, attn, logits, other) = _prefill_peak(s)
+        kv = kv_cache_bytes(s.B, s.L, s.H, s.T, s.D // s.H, dtype, kv_heads=s.kv_heads, window=c.window)
+    return Ledger(batch, tokens, dtype_name(dtype), training, optimizer, attention, mixed_precision,
                   parameters, gradients, optimizer_state, master, hidden, ffn, attn, logits, other, kv, peak_phase)
+
+
+@dataclass(frozen=True)
+class _Shapes:
+    """The sizes one ledger works with: ``B, T, D, H, L, V``, the FFN width ``F``, the K/V heads, the bytes
+    per element ``b``, the attention path and the dtype."""
+
+    B: int
+    T: int
+    D: int
+    H: int
+    L: int
+    V: int
+    F: int
+    kv_heads: int
+    b: int
+    attention: str
+    dtype: torch.dtype | str
+
+    @property
+    def BTD(self) -> int:  # noqa: N802 - the names of the formulas
+        return self.B * self.T * self.D
+
+    @property
+    def BTQ(self) -> int:  # noqa: N802
+        """Elements of the fused projection's output: q, k, v ``[B, T, D + 2·kv_heads·d]``."""
+        return self.B * self.T * (self.D + 2 * self.kv_heads * (self.D // self.H))
+
+    @property
+    def repeated(self) -> int:
+        """K and V repeated per query head (``repeat_kv``) by the explicit and the tiled attention of a GQA model."""
+        return 2 * self.BTD if self.kv_heads < self.H and self.attention != "sdpa" else 0
+
+
+def _saved_for_backward(s: _Shapes) -> tuple[int, int, int, int, int]:
+    """Training: the bytes autograd saves, as ``(hidden, ffn, attention, logits, other)``."""
+    B, T, H, L, V, b, BTD = s.B, s.T, s.H, s.L, s.V, s.b, s.BTD
+    explicit, tiled = s.attention == "explicit", s.attention == "tiled"
+    # per layer: norm1 in/out, q, k, v, heads merged, norm2 in/out; + final norm in/out. The explicit
+    # matmuls save contiguous q, k, v [B, H, T, d] (3 BTD, however many K/V heads); the fused and the
+    # tiled kernel save the projection's output itself (BTQ) and the tiled one the repeated K and V
+    qkv_saved = 3 * BTD if explicit else s.BTQ + s.repeated
+    hidden = (L * (5 * BTD + qkv_saved) + 2 * BTD) * b
+    ffn = 2 * L * B * T * s.F * b  # GELU input and output (the second Linear's input)
+    attn = 2 * L * attention_matrix_bytes(B, H, T, s.dtype) if explicit else 0
+    if tiled:
+        attn = L * (BTD + B * H * T) * b  # the saved output [B, H, T, d] and lse [B, H, T], in dtype
+    logits = B * (T - 1) * V * b  # log-softmax output saved by cross-entropy
+    other = (2 * (2 * L + 1) * B * T * FP32  # LayerNorm mean and rstd
+             + (B * T + T + B * (T - 1)) * INT64 + INT64 + b  # ids, positions, targets; token count, weight
+             + (L * (T * T + T) if explicit else 0 if tiled else L * B * H * T * FP32))  # bool masks | fp32 lse
+    return hidden, ffn, attn, logits, other
+
+
+def _prefill_peak(s: _Shapes) -> tuple[str, tuple[int, int, int, int, int]]:
+    """No-grad prefill: the largest working set of three phases of one layer, ``(phase, (hidden, ffn, attention,
+    logits, other))``."""
+    B, T, H, V, b, BTD = s.B, s.T, s.H, s.V, s.b, s.BTD
+    explicit = s.attention == "explicit"
+    mask_bytes = 2 * T * T if explicit else 0  # one layer's causal mask and its negation (bool)
+    scores = 3 * attention_matrix_bytes(B, H, T, s.dtype) if explicit else 0  # scores, softmax, masked weights
+    if s.attention == "tiled":  # output [B, H, T, d] + lse [B, H, T] + the larger of one block's working set and the head merge
+        scores = (BTD + B * H * T) * b + max(tiled_working_set(B, H, T, s.D // H, s.dtype), BTD * b)
+    phases = {  # (hidden, ffn, attention, logits, other)
+        # block input, norm1 output, the [B, T, D + 2·kv_heads·d] projection (+ the fused kernel's output
+        # | the K and V repeated per query head for the explicit and the tiled attention)
+        "attention": ((2 * BTD + s.BTQ + (BTD if s.attention == "sdpa" else s.repeated)) * b, 0, scores, 0, mask_bytes),
+        "ffn": (3 * BTD * b, 2 * B * T * s.F * b, 0, 0, 0),  # block input, residual, norm2 output; GELU input and output
+        "logits": (2 * BTD * b, 0, 0, B * T * V * b, 0),  # last hidden state, final norm output; logits
+    }
+    peak = max(phases, key=lambda name: sum(phases[name]))
+    return peak, phases[peak]

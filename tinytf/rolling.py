@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .config import check_window
 from .kvcache import KVCache
-from .masks import check_window
 
 __all__ = ["RollingKVCache"]
 
@@ -44,17 +44,17 @@ class RollingKVCache(KVCache):
         super().__init__(layers, batch, heads, self.window, head_dim, dtype=dtype, device=device)
 
     @classmethod
-    def for_model(cls, model, batch: int) -> RollingKVCache:  # type: ignore[override]
-        """A cache of ``model.config.window`` tokens for a :class:`tinytf.TinyLanguageModel` (its dtype and device)."""
-        window = model.config.window
-        if window is None:
+    def for_model(cls, model: torch.nn.Module, batch: int) -> RollingKVCache:  # type: ignore[override]
+        """A cache of ``model.config.window`` tokens, sized by ``model.config`` (a :class:`tinytf.ModelConfig`),
+        in the dtype and on the device of the model's weights."""
+        c = model.config
+        if c.window is None:
             raise ValueError(
                 "RollingKVCache.for_model needs a model with a sliding window (ModelConfig.window); this one attends "
                 "over every earlier token, so dropping old keys would change its output. Use KVCache.for_model."
             )
         p = next(model.parameters())
-        attn = model.blocks[0].attn
-        return cls(len(model.blocks), batch, attn.kv_heads, window, attn.head_dim, dtype=p.dtype, device=p.device)
+        return cls(c.layers, batch, c.n_kv_heads, c.window, c.head_dim, dtype=p.dtype, device=p.device)
 
     def _in_time_order(self, buf: torch.Tensor, past: int) -> torch.Tensor:
         """The kept tokens of one layer's buffer ``[B, h, min(past, W), d]``, oldest first."""

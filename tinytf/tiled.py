@@ -26,7 +26,10 @@ from torch.autograd.function import once_differentiable
 from .attention import check_inputs
 from .masks import check_causal_sizes
 
-__all__ = ["tiled_attention", "online_softmax_update", "online_softmax_finish", "TileStats", "TiledAttention"]
+__all__ = [
+    "tiled_attention", "online_softmax_update", "online_softmax_finish", "TileStats", "TiledAttention", "keys_needed", "tile_mask",
+    "tile_scores",
+]
 
 NEG_INF = float("-inf")
 Tensor = torch.Tensor
@@ -93,12 +96,12 @@ def online_softmax_finish(
     return out, lse
 
 
-def _keys_needed(q1: int, t_q: int, t_k: int, is_causal: bool) -> int:
+def keys_needed(q1: int, t_q: int, t_k: int, is_causal: bool) -> int:
     """Keys ``0 .. end-1`` that the query block ending at row ``q1`` may see (end-aligned causal)."""
     return min(t_k, t_k - t_q + q1) if is_causal else t_k
 
 
-def _tile_mask(
+def tile_mask(
     mask: Tensor | None, is_causal: bool, rows: tuple[int, int], cols: tuple[int, int], offset: int,
     device: torch.device,
 ) -> Tensor | None:
@@ -120,7 +123,7 @@ def _tile_mask(
     return allowed
 
 
-def _scores(q_i: Tensor, k_j: Tensor, allowed: Tensor | None) -> Tensor:
+def tile_scores(q_i: Tensor, k_j: Tensor, allowed: Tensor | None) -> Tensor:
     """One tile of scores ``[..., bq, bk]`` from an already scaled query block, ``-inf`` where not allowed."""
     s = q_i @ k_j.transpose(-2, -1)  # [..., bq, d] @ [..., d, bk] -> [..., bq, bk]
     return s if allowed is None else s.masked_fill_(~allowed, NEG_INF)  # mask BEFORE the softmax (in place: a fresh tile)
@@ -142,11 +145,11 @@ def _forward(
         m = q.new_full((*q.shape[:-2], q1 - q0, 1), NEG_INF)  # [..., bq, 1]
         l = torch.zeros_like(m)  # running sum, named l as in the FlashAttention paper
         acc = q.new_zeros(*q.shape[:-2], q1 - q0, v.size(-1))  # [..., bq, dv]
-        end = _keys_needed(q1, t_q, t_k, is_causal)  # key blocks from `end` on are wholly in the future
+        end = keys_needed(q1, t_q, t_k, is_causal)  # key blocks from `end` on are wholly in the future
         for k0 in range(0, end, bk):
             k1 = min(k0 + bk, t_k)
-            allowed = _tile_mask(mask, is_causal, (q0, q1), (k0, k1), t_k - t_q, q.device)
-            s = _scores(q_i, k[..., k0:k1, :], allowed)
+            allowed = tile_mask(mask, is_causal, (q0, q1), (k0, k1), t_k - t_q, q.device)
+            s = tile_scores(q_i, k[..., k0:k1, :], allowed)
             m, l, acc = online_softmax_update(m, l, acc, s, v[..., k0:k1, :])
             stats.computed += 1
         stats.skipped += stats.k_blocks - math.ceil(end / bk)
@@ -176,11 +179,11 @@ def _backward(
         q1 = min(q0 + bq, t_q)
         q_i, do_i = q[..., q0:q1, :] * scale, d_out[..., q0:q1, :]
         lse_i, delta_i = lse[..., q0:q1, None], delta[..., q0:q1, None]  # [..., bq, 1]
-        for k0 in range(0, _keys_needed(q1, t_q, t_k, is_causal), bk):
+        for k0 in range(0, keys_needed(q1, t_q, t_k, is_causal), bk):
             k1 = min(k0 + bk, t_k)
             k_j, v_j = k[..., k0:k1, :], v[..., k0:k1, :]
-            allowed = _tile_mask(mask, is_causal, (q0, q1), (k0, k1), t_k - t_q, q.device)
-            p = (_scores(q_i, k_j, allowed) - lse_i).exp_()  # [..., bq, bk] the forward's weights, recomputed
+            allowed = tile_mask(mask, is_causal, (q0, q1), (k0, k1), t_k - t_q, q.device)
+            p = (tile_scores(q_i, k_j, allowed) - lse_i).exp_()  # [..., bq, bk] the forward's weights, recomputed
             d_v[..., k0:k1, :] += p.transpose(-2, -1) @ do_i
             d_s = (do_i @ v_j.transpose(-2, -1)).sub_(delta_i).mul_(p)  # dS = P ∘ (dP - D), in place
             d_q[..., q0:q1, :] += d_s @ k_j

@@ -36,13 +36,6 @@ from .findings import Finding, found, report
 from .grouped import diagnose_expand_kv, diagnose_kv_grouping
 from .loss import diagnose_lm_loss
 from .masks import diagnose_causal_mask
-from .probe import _as_tensor as _as_tensor  # private helpers, still importable from tinytf.checks
-from .probe import _close as _close
-from .probe import _crash as _crash
-from .probe import _err as _err
-from .probe import _maxdiff as _maxdiff
-from .probe import _quietly as _quietly
-from .probe import _rand_mask as _rand_mask
 from .tiled import diagnose_online_softmax, diagnose_tiled_attention
 from .tiled_causal import diagnose_causal_tiles
 from .window import diagnose_window

@@ -15,7 +15,7 @@ import torch
 from .attention_refs import CORES, MASKED, RIGHT, Candidate, Core, Probe, explain_scales, fit_scale, reference
 from .catalog import Pitfall
 from .findings import Finding, found
-from .probe import _as_tensor, _close, _cover, _crash, _maxdiff, _only_for, _quietly, _rand_mask
+from .probe import cover_probes, crash_finding, first_output, is_close, max_abs_diff, only_for, quietly, random_mask
 
 __all__ = ["diagnose_attention"]
 
@@ -47,7 +47,7 @@ def _run_unmasked(fn: Callable, probes: list[Probe]) -> tuple[list[Finding], lis
     for p in probes:
         args = (p.q.clone(), p.k.clone(), p.v.clone())
         try:
-            out = _as_tensor(fn(*args))
+            out = first_output(fn(*args))
         except Exception as exc:  # noqa: BLE001 - student code may raise anything
             crashed.append((p, exc))
             continue
@@ -72,7 +72,7 @@ def _crash_finding(crashed: list[tuple[Probe, Exception]], ok: list[Ran]) -> Fin
                 f"[..., Tq={p.q.size(-2)}, Tk={p.k.size(-2)}]; print every intermediate shape.")
         if square_ok:
             hint = "It works when Tq == Tk but not when Tq != Tk: the scores are oriented the wrong way. " + hint
-    return _crash(f"attention with q {list(p.q.shape)}, k/v {list(p.k.shape)}", exc,
+    return crash_finding(f"attention with q {list(p.q.shape)}, k/v {list(p.k.shape)}", exc,
                   Pitfall.ORIENTATION if shape_err else Pitfall.GENERAL, hint)
 
 
@@ -92,22 +92,22 @@ def _shape_finding(ok: list[Ran]) -> Finding | None:
         why = " The heads were merged; this function should return per-head outputs [B, H, Tq, d]."
     return Finding(Pitfall.ORIENTATION, "wrong output shape",
                    f"for q {list(q.shape)} and k/v {list(k.shape)} it returned {got}, expected {want} = [B, H, Tq, d].{why} "
-                   f"{_only_for([_where(p) for p, _ in bad], len(bad), len(ok))}".rstrip())
+                   f"{only_for([_where(p) for p, _ in bad], len(bad), len(ok))}".rstrip())
 
 
 def _fits(core: Core, p: Probe, out: torch.Tensor, tol: float, mask: torch.Tensor | None = None,
           mask_mode: str = "before", invert: bool = False) -> bool:
     if core.orient == "kq" and p.q.size(-2) != p.k.size(-2):
         return False  # k qᵀ only runs (and only means anything) when square
-    return _close(out, reference(p, core, mask, mask_mode, invert), tol)
+    return is_close(out, reference(p, core, mask, mask_mode, invert), tol)
 
 
 def _explain(bad: list[int], candidates: Sequence[Candidate], hit: Callable[[Candidate, int], bool]):
-    """One candidate that explains every bad probe if there is one, else a greedy cover (see ``_cover``)."""
+    """One candidate that explains every bad probe if there is one, else a greedy cover (see ``cover_probes``)."""
     for c in candidates:
         if all(hit(c, i) for i in bad):
             return [(c, list(bad))], []
-    return _cover(bad, candidates, hit)
+    return cover_probes(bad, candidates, hit)
 
 
 def _name_core(ok: list[Ran], bad: list[int], cores: list[Core], tol: float) -> tuple[list[Finding], list[int]]:
@@ -128,7 +128,7 @@ def _name_core(ok: list[Ran], bad: list[int], cores: list[Core], tol: float) -> 
     for cand, idx in named:
         for i in idx:
             cores[i] = cand.core
-        where = _only_for([_where(ok[i][0]) for i in idx], len(idx), len(ok))
+        where = only_for([_where(ok[i][0]) for i in idx], len(idx), len(ok))
         for pitfall, title, text in cand.problems:
             ran = " (It also only ran when Tq == Tk.)" if square_only and cand.core.orient == "kq" else ""
             findings.append(found(pitfall, title, text + ran, where=where))
@@ -141,7 +141,7 @@ def _unnamed_core(fn: Callable, ok: list[Ran], rest: list[int], gen: torch.Gener
     p, out = ok[rest[0]]
     ones = torch.ones_like(p.v)
     try:
-        row_sums = _as_tensor(fn(p.q.clone(), p.k.clone(), ones))
+        row_sums = first_output(fn(p.q.clone(), p.k.clone(), ones))
         if isinstance(row_sums, torch.Tensor) and row_sums.shape == ones.shape[:-2] + (p.q.size(-2), p.v.size(-1)) \
                 and not torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-4):
             findings.append(found(Pitfall.ORIENTATION, "weight rows do not sum to one",
@@ -152,15 +152,15 @@ def _unnamed_core(fn: Callable, ok: list[Ran], rest: list[int], gen: torch.Gener
         pass
     perm = torch.randperm(p.k.size(-2), generator=gen)
     try:
-        out_p = _as_tensor(fn(p.q.clone(), p.k[..., perm, :].clone(), p.v[..., perm, :].clone()))
-        if not _close(out_p, out, 1e-4):
+        out_p = first_output(fn(p.q.clone(), p.k[..., perm, :].clone(), p.v[..., perm, :].clone()))
+        if not is_close(out_p, out, 1e-4):
             findings.append(found(Pitfall.ORIENTATION, "depends on the order of the keys",
                                   f"{_where(p)}, shuffling k and v together (the same permutation) changed the output; attention "
                                   "without a mask treats the keys as a set."))
     except Exception:  # noqa: BLE001
         pass
-    worst = max(_maxdiff(ok[i][1], reference(ok[i][0], RIGHT)) for i in rest)
-    where = _only_for([_where(ok[i][0]) for i in rest], len(rest), len(ok))
+    worst = max(max_abs_diff(ok[i][1], reference(ok[i][0], RIGHT)) for i in rest)
+    where = only_for([_where(ok[i][0]) for i in rest], len(rest), len(ok))
     return findings + [Finding(Pitfall.GENERAL, "output differs from softmax(q kᵀ / sqrt(d)) v",
                                f"largest difference {worst:.3g} over {len(rest)} random probes, and it is none of the known "
                                f"mistakes.{' ' + where if where else ''} Compare your intermediates with "
@@ -178,14 +178,14 @@ def _run_masked(fn: Callable, ok: list[Ran], cores: list[Core], gen: torch.Gener
         tk = p.k.size(-2)
         if cores[i].orient == "kq" and tq != tk:
             continue
-        masked += [(i, _rand_mask(shape, gen)) for shape in ((b, 1, tq, tk), (b, 1, 1, tk), (tq, tk))]
+        masked += [(i, random_mask(shape, gen)) for shape in ((b, 1, tq, tk), (b, 1, 1, tk), (tq, tk))]
     outs = []
     for i, m in masked:
         p = ok[i][0]
         try:
-            o = _as_tensor(fn(p.q.clone(), p.k.clone(), p.v.clone(), m.clone()))
+            o = first_output(fn(p.q.clone(), p.k.clone(), p.v.clone(), m.clone()))
         except Exception as exc:  # noqa: BLE001
-            return masked, [], [_crash(f"attention with a bool mask {list(m.shape)} (q {list(p.q.shape)}, k {list(p.k.shape)})",
+            return masked, [], [crash_finding(f"attention with a bool mask {list(m.shape)} (q {list(p.q.shape)}, k {list(p.k.shape)})",
                                        exc, Pitfall.MASK, "fn(q, k, v, mask) must accept a bool mask broadcastable to "
                                                           "[B, H, Tq, Tk], True = may attend.")]
         if not isinstance(o, torch.Tensor) or o.shape != p.q.shape[:-1] + (p.v.size(-1),):
@@ -208,7 +208,7 @@ def _mask_leaks(fn: Callable, ok: list[Ran], masked: list[Masked], outs: list[to
         k2 = torch.where(blocked[:, None], torch.randn_like(p.k) * 3, p.k)
         v2 = torch.where(blocked[:, None], torch.randn_like(p.v) * 3, p.v)
         try:
-            return not _close(outs[j], _as_tensor(fn(p.q.clone(), k2, v2, m.clone())), tol)
+            return not is_close(outs[j], first_output(fn(p.q.clone(), k2, v2, m.clone())), tol)
         except Exception:  # noqa: BLE001
             return False
     return False
@@ -224,7 +224,7 @@ def _diagnose_masks(fn: Callable, ok: list[Ran], cores: list[Core], gen: torch.G
         return []
 
     def where(idx: list[int]) -> str:
-        return _only_for([_where(ok[masked[j][0]][0], masked[j][1]) for j in idx], len(idx), len(masked))
+        return only_for([_where(ok[masked[j][0]][0], masked[j][1]) for j in idx], len(idx), len(masked))
 
     nonfinite = [j for j in bad if not torch.isfinite(outs[j]).all()]
     if nonfinite:
@@ -249,7 +249,7 @@ def _diagnose_masks(fn: Callable, ok: list[Ran], cores: list[Core], gen: torch.G
     return findings
 
 
-@_quietly
+@quietly
 def diagnose_attention(fn: Callable, *, seeds: Sequence[int] = (0, 1), tol: float = 1e-4) -> list[Finding]:
     """Diagnose ``fn(q, k, v, mask=None) -> out``: q ``[B, H, Tq, d]``, k/v ``[B, H, Tk, d]``,
     out ``[B, H, Tq, d]``; ``mask`` bool broadcastable to ``[B, H, Tq, Tk]``, True = may attend.

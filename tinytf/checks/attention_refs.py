@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 
 from .catalog import Pitfall
-from .probe import _maxdiff
+from .probe import max_abs_diff
 
 ScaleFn = Callable[[int, int], float]  # (d_head, heads) -> the factor applied to q kᵀ
 
@@ -118,7 +118,7 @@ def fit_scale(out: torch.Tensor, p: Probe) -> tuple[float, float]:
     """The scale ``s`` for which ``softmax(q kᵀ s) v`` best matches ``out``: grid over log s, then refine."""
 
     def err(log_s: float) -> float:
-        return _maxdiff(out, _variant(p.q, p.k, p.v, scale=math.exp(log_s)))
+        return max_abs_diff(out, _variant(p.q, p.k, p.v, scale=math.exp(log_s)))
 
     grid = [i / 8 for i in range(-64, 33)]  # s from e^-8 to e^4
     errs = [err(x) for x in grid]

@@ -9,7 +9,7 @@ from torch import nn
 
 from .catalog import Pitfall
 from .findings import Finding, found
-from .probe import _as_tensor, _crash, _only_for, _quietly
+from .probe import crash_finding, first_output, only_for, quietly
 
 __all__ = ["diagnose_block"]
 
@@ -48,12 +48,12 @@ def _max_len(module: nn.Module) -> int | None:
 def _forward(m: nn.Module, x: torch.Tensor, seed: int, *, grad: bool = True) -> torch.Tensor:
     torch.manual_seed(seed)
     with torch.set_grad_enabled(grad):
-        out = _as_tensor(m(x))  # a module may return (out, extras)
+        out = first_output(m(x))  # a module may return (out, extras)
         return out.detach() if isinstance(out, torch.Tensor) else out
 
 
 def _on(xs: Sequence[torch.Tensor], which: Sequence[int]) -> str:
-    return _only_for([f"for x {list(xs[i].shape)}" for i in which], len(which), len(xs))
+    return only_for([f"for x {list(xs[i].shape)}" for i in which], len(which), len(xs))
 
 
 def _shape_step(m: nn.Module, xs: list[torch.Tensor]) -> tuple[list[Finding], list[torch.Tensor], bool]:
@@ -68,7 +68,8 @@ def _shape_step(m: nn.Module, xs: list[torch.Tensor]) -> tuple[list[Finding], li
             shape_err = isinstance(exc, RuntimeError) and ("must match the size" in str(exc) or "size of tensor" in str(exc))
             hint = ("A residual sum x + branch(x) needs the branch to return [B, T, D]; a widened FFN (D -> 4D) must project "
                     "back to D before the addition." if shape_err else "")
-            findings.append(_crash(f"block on x {list(x.shape)}", exc, Pitfall.RESIDUAL_SHAPE if shape_err else Pitfall.GENERAL, hint))
+            pitfall = Pitfall.RESIDUAL_SHAPE if shape_err else Pitfall.GENERAL
+            findings.append(crash_finding(f"block on x {list(x.shape)}", exc, pitfall, hint))
             if i == 0 or shape_err:
                 return findings, ran, True
             continue
@@ -194,7 +195,7 @@ def _leak_step(m: nn.Module, xs: list[torch.Tensor], gen: torch.Generator, tol: 
                   f"(up to {reach} ahead).{detail} Apply a causal mask (True = may attend) in every attention.", where=where)]
 
 
-@_quietly
+@quietly
 def diagnose_block(factory: Callable[[], nn.Module], *, dim: int | None = None, tokens: int = 6, batch: int = 3,
                    seeds: Sequence[int] = (0, 1)) -> list[Finding]:
     """Diagnose a causal block: ``factory() -> nn.Module`` with ``module(x)`` ``[B, T, D] -> [B, T, D]``.
@@ -215,7 +216,7 @@ def diagnose_block(factory: Callable[[], nn.Module], *, dim: int | None = None, 
         torch.manual_seed(0)
         m = factory()
     except Exception as exc:  # noqa: BLE001
-        return [_crash("factory()", exc)]
+        return [crash_finding("factory()", exc)]
     if not isinstance(m, nn.Module):
         return [Finding(Pitfall.GENERAL, "factory() did not return an nn.Module", f"got {type(m).__name__}.")]
     d = dim if dim is not None else _infer_dim(m)

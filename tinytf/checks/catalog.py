@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
+from ..language import notebook_language
+
 __all__ = ["Pitfall", "Entry", "CATALOG", "PITFALLS", "glance_table"]
 
 
@@ -201,8 +203,6 @@ def glance_table(lang: str | None = None, *, chapter: str = "08") -> str:
     In English or Chinese (``"zh"``); by default in the running notebook's language
     (:func:`tinytf.language.notebook_language`)."""
     if lang is None:
-        from ..language import notebook_language
-
         lang = notebook_language()
     chosen = [(p, e) for p, e in CATALOG.items() if p and e.section.startswith(f"{chapter}_")]
     if lang == "zh":

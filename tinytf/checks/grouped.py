@@ -22,7 +22,7 @@ from ..attention import scaled_dot_product_attention
 from ..grouped import kv_head_of, repeat_kv
 from .catalog import Pitfall
 from .findings import Finding, found
-from .probe import _as_tensor, _close, _crash, _maxdiff, _only_for, _quietly
+from .probe import crash_finding, first_output, is_close, max_abs_diff, only_for, quietly
 
 __all__ = ["diagnose_kv_grouping", "diagnose_expand_kv", "interleaved", "tiled_heads"]
 
@@ -65,7 +65,7 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float |
 
 def _read_mapping(out: torch.Tensor, candidates: torch.Tensor) -> list[int | None]:
     """For each head of ``out [B, H, ...]``, the index ``g`` of ``candidates [B, G, ...]`` it equals (or None)."""
-    return [next((g for g in range(candidates.size(1)) if _close(out[:, h], candidates[:, g], 1e-5)), None)
+    return [next((g for g in range(candidates.size(1)) if is_close(out[:, h], candidates[:, g], 1e-5)), None)
             for h in range(out.size(1))]
 
 
@@ -90,14 +90,14 @@ def _named(bad: list[tuple[Shape, tuple[str, str]]], n_total: int) -> list[Findi
     for title in dict.fromkeys(t for _, (t, _) in bad):
         shapes = [s for s, (t, _) in bad if t == title]
         evidence = next(e for s, (t, e) in bad if t == title)
-        where = _only_for([s.where() for s in shapes], len(shapes), n_total) or f"Seen {shapes[0].where()}."
+        where = only_for([s.where() for s in shapes], len(shapes), n_total) or f"Seen {shapes[0].where()}."
         if len(shapes) < n_total:
             where += " Multi-query (kv_heads = 1) and multi-head (kv_heads = heads) cannot show it: both orders agree there."
         out.append(found(_GROUPING, title, evidence, where=where))
     return out
 
 
-@_quietly
+@quietly
 def diagnose_expand_kv(fn: Callable) -> list[Finding]:
     """Diagnose ``fn(kv, heads) -> [B, heads, T, d]`` for ``kv [B, kv_heads, T, d]``: each K/V head once per query
     head of its group, consecutive (``repeat_interleave``). Names ``KV_GROUPING`` from the measured head order."""
@@ -108,7 +108,7 @@ def diagnose_expand_kv(fn: Callable) -> list[Finding]:
         try:
             out = fn(kv.clone(), s.heads)
         except Exception as exc:  # noqa: BLE001 - student code may raise anything
-            return [_crash(f"expand_kv {s.where()}", exc)]
+            return [crash_finding(f"expand_kv {s.where()}", exc)]
         want = (s.b, s.heads, s.t_k, s.d)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
             got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -125,29 +125,29 @@ def _grouping_probe(fn: Callable, s: Shape, gen: torch.Generator) -> tuple[str, 
     """What ``fn`` gets wrong on shape ``s``: a ``(title, evidence)`` mapping mistake, another finding, or None."""
     q, k = torch.randn(s.b, s.heads, s.t_q, s.d, generator=gen), torch.randn(s.b, s.kv_heads, s.t_k, s.d, generator=gen)
     v = torch.randn(s.b, s.kv_heads, s.t_k, s.dv, generator=gen)
-    out = _as_tensor(fn(q.clone(), k.clone(), v.clone()))
+    out = first_output(fn(q.clone(), k.clone(), v.clone()))
     want = _reference(q, k, v)
     if not isinstance(out, torch.Tensor) or out.shape != want.shape:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         return Finding(Pitfall.GENERAL, "grouped attention returns the wrong shape",
                        f"expected [B, H, Tq, dv] = {list(want.shape)}, got {got} {s.where()}: every query head gets an output.")
-    if _close(out, want):
+    if is_close(out, want):
         return None
     labels = torch.arange(1.0, s.kv_heads + 1).view(1, -1, 1, 1).expand(s.b, -1, s.t_k, s.dv)  # v = g + 1 on K/V head g
-    marked = _as_tensor(fn(q.clone(), k.clone(), labels.clone()))
+    marked = first_output(fn(q.clone(), k.clone(), labels.clone()))
     per_head = torch.arange(1.0, s.kv_heads + 1).view(1, -1, 1, 1).expand(s.b, -1, s.t_q, s.dv)
     named = _name_mapping(_read_mapping(marked, per_head), s)
     if named:
         return named
-    if _close(out, _reference(q, k, v, scale=1.0)):
+    if is_close(out, _reference(q, k, v, scale=1.0)):
         return found(Pitfall.SCALE, "the scores are not scaled", "each query head reads the right K/V head, but the scores "
                      "miss the 1/sqrt(d) factor.", where=f"Seen {s.where()}.")
     return Finding(Pitfall.GENERAL, "grouped attention differs from the reference",
                    f"each query head reads the right K/V head (h // groups), yet the output differs by up to "
-                   f"{_maxdiff(out, want):.3g} {s.where()}: compare softmax(q kᵀ / sqrt(d)) v head by head.")
+                   f"{max_abs_diff(out, want):.3g} {s.where()}: compare softmax(q kᵀ / sqrt(d)) v head by head.")
 
 
-@_quietly
+@quietly
 def diagnose_kv_grouping(fn: Callable) -> list[Finding]:
     """Diagnose grouped-query attention ``fn(q, k, v) -> out`` (or ``(out, weights)``): q ``[B, H, Tq, d]``, k
     ``[B, kv_heads, Tk, d]``, v ``[B, kv_heads, Tk, dv]``, out ``[B, H, Tq, dv]``, query head ``h`` reading K/V head
@@ -159,7 +159,7 @@ def diagnose_kv_grouping(fn: Callable) -> list[Finding]:
         try:
             res = _grouping_probe(fn, s, gen)
         except Exception as exc:  # noqa: BLE001
-            return [_crash(f"grouped attention {s.where()}", exc, hint="k and v have kv_heads heads, q has H.")]
+            return [crash_finding(f"grouped attention {s.where()}", exc, hint="k and v have kv_heads heads, q has H.")]
         if isinstance(res, Finding):
             return [res]
         if res is not None:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .catalog import Pitfall
 from .findings import Finding, found
-from .probe import _crash, _only_for, _quietly
+from .probe import crash_finding, only_for, quietly
 
 __all__ = ["diagnose_lm_loss"]
 
@@ -51,7 +51,7 @@ def _cases(gen: torch.Generator, vocab: int) -> list[Case]:
 
 
 def _where(cases: list[Case], which: list[int]) -> str:
-    return _only_for([f"on {cases[i].desc}" for i in which], len(which), len(cases))
+    return only_for([f"on {cases[i].desc}" for i in which], len(which), len(cases))
 
 
 def _base_losses(fn: Callable, cases: list[Case]) -> tuple[list[torch.Tensor], list[Finding]]:
@@ -64,7 +64,7 @@ def _base_losses(fn: Callable, cases: list[Case]) -> tuple[list[torch.Tensor], l
         except Exception as exc:  # noqa: BLE001
             hint = ("The loss is called as fn(logits, ids, pad_id=PAD), the signature of tinytf.lm_loss."
                     if isinstance(exc, TypeError) and "pad_id" in str(exc) else "")
-            return [], [_crash(f"loss on logits {list(c.logits.shape)}, ids {list(c.ids.shape)}", exc, Pitfall.GENERAL, hint)]
+            return [], [crash_finding(f"loss on logits {list(c.logits.shape)}, ids {list(c.ids.shape)}", exc, Pitfall.GENERAL, hint)]
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             got = f"shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
             return [], [Finding(Pitfall.GENERAL, "loss is not a scalar tensor",
@@ -146,7 +146,7 @@ def _pad_step(call: Callable, cases: list[Case], base: list[torch.Tensor], gen: 
     return []
 
 
-@_quietly
+@quietly
 def diagnose_lm_loss(fn: Callable, *, vocab: int = 11, tol: float = 1e-5) -> list[Finding]:
     """Diagnose a next-token loss called as ``fn(logits, ids, pad_id=PAD) -> loss`` (the signature of
     :func:`tinytf.lm_loss`): logits ``[B, T, V]`` computed from ids ``[B, T]``; ``fn`` shifts itself.

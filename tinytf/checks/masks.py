@@ -9,7 +9,7 @@ import torch
 
 from .catalog import Pitfall
 from .findings import Finding, found
-from .probe import _cover, _crash, _only_for, _quietly
+from .probe import cover_probes, crash_finding, only_for, quietly
 
 __all__ = ["diagnose_causal_mask"]
 
@@ -56,7 +56,7 @@ def _collect(fn: Callable[[int], torch.Tensor], sizes: Sequence[int]) -> tuple[l
         try:
             m = fn(t)
         except Exception as exc:  # noqa: BLE001
-            return [_crash(f"causal mask for T={t}", exc)], None
+            return [crash_finding(f"causal mask for T={t}", exc)], None
         if not isinstance(m, torch.Tensor):
             return [Finding(Pitfall.GENERAL, "does not return a tensor",
                             f"fn({t}) returned {type(m).__name__}; expected a bool tensor [{t}, {t}].")], None
@@ -76,7 +76,7 @@ def _collect(fn: Callable[[int], torch.Tensor], sizes: Sequence[int]) -> tuple[l
     return [finding], {t: (m == 0) if additive else (m != 0) for t, m in masks.items()}
 
 
-@_quietly
+@quietly
 def diagnose_causal_mask(fn: Callable[[int], torch.Tensor], *, sizes: Sequence[int] = (1, 2, 4, 7)) -> list[Finding]:
     """Diagnose ``fn(T) -> bool [T, T]`` (True = may attend: query i sees keys 0..i).
 
@@ -96,11 +96,11 @@ def diagnose_causal_mask(fn: Callable[[int], torch.Tensor], *, sizes: Sequence[i
     if full:
         named, rest = [(full[0], bad)], []
     else:  # partly one mistake, partly another; on T < 3 the named masks coincide, so they prove nothing there
-        named, rest = _cover(bad, wrong, lambda w, t: torch.equal(masks[t], w.make(t)))
+        named, rest = cover_probes(bad, wrong, lambda w, t: torch.equal(masks[t], w.make(t)))
         rest += [t for w, ts in named if max(ts) < 3 for t in ts]
         named = [(w, ts) for w, ts in named if max(ts) >= 3]
     for w, ts in named:
-        findings.append(found(_CAUSAL, w.title, w.evidence, where=_only_for([f"for T={t}" for t in ts], len(ts), len(masks))))
+        findings.append(found(_CAUSAL, w.title, w.evidence, where=only_for([f"for T={t}" for t in ts], len(ts), len(masks))))
     if rest:
         t = max(rest)
         leak = (masks[t] & ~_tril(t)).nonzero().tolist()
@@ -108,5 +108,5 @@ def diagnose_causal_mask(fn: Callable[[int], torch.Tensor], *, sizes: Sequence[i
         parts = ([f"future positions allowed (query, key): {leak[:4]}"] if leak else []) + \
                 ([f"past or present positions blocked: {miss[:4]}"] if miss else [])
         findings.append(found(_CAUSAL, "not a causal mask", f"for T={t}: " + "; ".join(parts) + ".",
-                              where=_only_for([f"for T={t}" for t in sorted(rest)], len(rest), len(masks))))
+                              where=only_for([f"for T={t}" for t in sorted(rest)], len(rest), len(masks))))
     return findings

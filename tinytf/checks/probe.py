@@ -1,5 +1,7 @@
-"""Probe helpers shared by every ``diagnose_*``: one thread and a restored RNG, crash findings,
-closeness tests, and the search that names which wrong reference explains the failing probes."""
+"""Probe helpers shared by every ``diagnose_*``: one thread and a restored RNG (:func:`quietly`), crash
+findings (:func:`crash_finding`, :func:`error_text`), closeness tests (:func:`is_close`, :func:`max_abs_diff`),
+random masks, and the search that names which wrong reference explains the failing probes
+(:func:`cover_probes`, :func:`only_for`)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ from ..bench import one_thread
 from .catalog import Pitfall
 from .findings import Finding
 
+__all__ = ["quietly", "error_text", "crash_finding", "first_output", "is_close", "max_abs_diff", "random_mask",
+           "cover_probes", "only_for"]
+
 C = TypeVar("C")
 
 
-def _quietly(diagnose: Callable[..., list[Finding]]) -> Callable[..., list[Finding]]:
+def quietly(diagnose: Callable[..., list[Finding]]) -> Callable[..., list[Finding]]:
     """Run a detector on one thread, with the global RNG state restored afterwards."""
 
     @functools.wraps(diagnose)
@@ -28,28 +33,28 @@ def _quietly(diagnose: Callable[..., list[Finding]]) -> Callable[..., list[Findi
     return wrapper
 
 
-def _err(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     """``"RuntimeError: first line of the message"``."""
     text = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _crash(what: str, exc: BaseException, pitfall: Pitfall = Pitfall.GENERAL, hint: str = "") -> Finding:
+def crash_finding(what: str, exc: BaseException, pitfall: Pitfall = Pitfall.GENERAL, hint: str = "") -> Finding:
     """The finding for code that raised: "not implemented yet" for ``NotImplementedError``."""
     if isinstance(exc, NotImplementedError):
         return Finding(Pitfall.GENERAL, f"{what} is not implemented yet",
-                       f"it raised {_err(exc)}. Fill in the TODO and run the check again.")
-    return Finding(pitfall, f"{what} raised an exception", f"it raised {_err(exc)}.{(' ' + hint) if hint else ''}")
+                       f"it raised {error_text(exc)}. Fill in the TODO and run the check again.")
+    return Finding(pitfall, f"{what} raised an exception", f"it raised {error_text(exc)}.{(' ' + hint) if hint else ''}")
 
 
-def _as_tensor(out: Any) -> Any:
+def first_output(out: Any) -> Any:
     """Accept ``out`` or ``(out, weights)``."""
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
     return out
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> bool:
+def is_close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> bool:
     """Same shape and allclose; NaNs must sit in the same places."""
     if a.shape != b.shape:
         return False
@@ -59,11 +64,12 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> bool:
     return bool(torch.allclose(a, b, atol=tol, rtol=tol))
 
 
-def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest ``|a - b|`` (in float64)."""
     return float((a.detach().double() - b.detach().double()).abs().max())
 
 
-def _rand_mask(shape: Sequence[int], gen: torch.Generator) -> torch.Tensor:
+def random_mask(shape: Sequence[int], gen: torch.Generator) -> torch.Tensor:
     """Random bool mask whose every row (last axis) has at least one True and one False."""
     m = torch.rand(*shape, generator=gen) < 0.5
     n = shape[-1]
@@ -73,7 +79,9 @@ def _rand_mask(shape: Sequence[int], gen: torch.Generator) -> torch.Tensor:
     return m
 
 
-def _cover(bad: Sequence[int], candidates: Sequence[C], matches: Callable[[C, int], bool]) -> tuple[list[tuple[C, list[int]]], list[int]]:
+def cover_probes(
+    bad: Sequence[int], candidates: Sequence[C], matches: Callable[[C, int], bool]
+) -> tuple[list[tuple[C, list[int]]], list[int]]:
     """Name the failing probes: greedily pick the candidate (a wrong reference) that matches the most
     of the ``bad`` probe indices, then the next one for the rest. Returns ``[(candidate, its probes)]``
     and the probes no candidate explains. A mistake that shows on some inputs only is still named."""
@@ -95,7 +103,7 @@ def _cover(bad: Sequence[int], candidates: Sequence[C], matches: Callable[[C, in
     return named, remaining
 
 
-def _only_for(descriptions: Sequence[Hashable], n_bad: int, n_total: int) -> str:
+def only_for(descriptions: Sequence[Hashable], n_bad: int, n_total: int) -> str:
     """``"Wrong for q [2, 3, 5, 8] and k [2, 3, 7, 8] (2 of 8 probes); right on the others."``, or ``""``
     when every probe shows it. Right on the others may mean the mistake makes no difference there
     (no padding, one head, T = 1) or that the code is wrong for some inputs only."""

@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 import torch
 
-from ..memory_ledger import attention_matrix_bytes
 from ..memory_meters import PeakMemoryMeter
+from ..memory_sizes import attention_matrix_bytes
 from .catalog import Pitfall
 from .findings import Finding, found
-from .probe import _close, _crash, _err, _maxdiff, _quietly
+from .probe import crash_finding, error_text, is_close, max_abs_diff, quietly
 from .tiled_probes import TiledProbe, empty_rows, left_padding, ordered_qkv, reference
 
 __all__ = ["diagnose_online_softmax", "diagnose_tiled_attention"]
@@ -52,7 +52,7 @@ def _update_probes(gen: torch.Generator) -> dict[str, tuple[torch.Tensor, torch.
     return probes
 
 
-@_quietly
+@quietly
 def diagnose_online_softmax(fn: Callable) -> list[Finding]:
     """Diagnose ``fn(m, l, acc, scores, v) -> (m_new, l_new, acc_new)``: m, l ``[..., bq, 1]``, acc
     ``[..., bq, dv]``, scores ``[..., bq, bk]`` (``-inf`` where masked), v ``[..., bk, dv]``. Folded over
@@ -64,23 +64,23 @@ def diagnose_online_softmax(fn: Callable) -> list[Finding]:
         try:
             results[kind] = _fold(fn, s, v, bk)
         except Exception as exc:  # noqa: BLE001 - student code may raise anything
-            return [_crash(f"the online softmax update on scores {list(s.shape)}", exc)]
+            return [crash_finding(f"the online softmax update on scores {list(s.shape)}", exc)]
         m, l, acc, _ = results[kind]
         if not all(isinstance(t, torch.Tensor) for t in (m, l, acc)) or acc.shape != (*s.shape[:-1], v.size(-1)):
             return [Finding(Pitfall.GENERAL, "the update returns the wrong thing",
                             f"return (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv]); got acc {_shape(acc)}.")]
     want = {kind: torch.softmax(s, dim=-1).nan_to_num(0.0) @ v for kind, (s, v, _) in probes.items()}
-    ok = {kind: _close(results[kind][3], want[kind]) for kind in probes}
+    ok = {kind: is_close(results[kind][3], want[kind]) for kind in probes}
     where = "(scores [2, 5, 10] folded in key tiles of 3)"
     if not ok["falling"]:
         return [Finding(Pitfall.GENERAL, "the online softmax is wrong even when the maximum never changes",
                         f"with each row's maximum in the first tile, acc / l after the last tile differs from softmax(scores) @ v "
-                        f"by up to {_maxdiff(results['falling'][3], want['falling']):.3g} {where}. m is the running maximum, "
+                        f"by up to {max_abs_diff(results['falling'][3], want['falling']):.3g} {where}. m is the running maximum, "
                         "l the running sum of exp(scores - m), acc the running sum of exp(scores - m) @ v.")]
     if not ok["rising"]:
         return [found(Pitfall.ACC_NOT_RESCALED, "the running sums are not rescaled when the maximum grows",
                       f"right while each row's maximum sits in the first tile, wrong (by up to "
-                      f"{_maxdiff(results['rising'][3], want['rising']):.3g}) when every later tile raises it {where}: "
+                      f"{max_abs_diff(results['rising'][3], want['rising']):.3g}) when every later tile raises it {where}: "
                       f"{_which_unscaled(results['rising'], probes['rising'][0])} must shrink by exp(m - m_new).")]
     m, l, acc, out = results["masked"]
     if not (torch.isfinite(out).all() and torch.isfinite(l).all()):
@@ -97,7 +97,7 @@ def diagnose_online_softmax(fn: Callable) -> list[Finding]:
 def _which_unscaled(res: tuple[torch.Tensor, ...], scores: torch.Tensor) -> str:
     """"acc", "l" or "acc and l": which running sum is not the rescaled one after the last tile."""
     m, l, acc, _ = res
-    l_ok = _close(l, torch.exp(scores - m).sum(-1, keepdim=True), 1e-3) if m.shape == l.shape else False
+    l_ok = is_close(l, torch.exp(scores - m).sum(-1, keepdim=True), 1e-3) if m.shape == l.shape else False
     return "acc (l is right)" if l_ok else "l and acc"
 
 
@@ -144,13 +144,13 @@ def _ones_rows(fn: Callable, p: TiledProbe) -> bool:
         out = _call(fn, ones)
     except Exception:  # noqa: BLE001
         return True  # nothing to say from this probe
-    return isinstance(out, torch.Tensor) and _close(out, torch.ones_like(out))
+    return isinstance(out, torch.Tensor) and is_close(out, torch.ones_like(out))
 
 
 def _name_unmasked(fn: Callable, ran: list[tuple[TiledProbe, torch.Tensor]]) -> list[Finding]:
     """Name the mistake behind wrong unmasked outputs: the division by l (forgotten on one tile, per tile on
     several), the missing rescaling (right while the maximum is in the first tile) or none of them."""
-    bad = {kind: [(p, o) for p, o in ran if p.kind == kind and not _close(o, reference(p))] for kind in
+    bad = {kind: [(p, o) for p, o in ran if p.kind == kind and not is_close(o, reference(p))] for kind in
            ("one tile", "falling", "rising", "random")}
     if bad["one tile"]:
         p, o = bad["one tile"][0]
@@ -170,7 +170,7 @@ def _name_unmasked(fn: Callable, ran: list[tuple[TiledProbe, torch.Tensor]]) -> 
     if bad["rising"]:
         p, o = bad["rising"][0]
         return [found(Pitfall.ACC_NOT_RESCALED, "the running sums are not rescaled when the maximum grows",
-                      f"right while each row's maximum sits in the first key tile, wrong (by up to {_maxdiff(o, reference(p)):.3g}) "
+                      f"right while each row's maximum sits in the first key tile, wrong (by up to {max_abs_diff(o, reference(p)):.3g}) "
                       "when every later tile raises it.", where=f"Seen {p.where()}.")]
     if bad["random"]:
         return [_differs(*bad["random"][0], "on random inputs")]
@@ -179,7 +179,7 @@ def _name_unmasked(fn: Callable, ran: list[tuple[TiledProbe, torch.Tensor]]) -> 
 
 def _differs(p: TiledProbe, out: torch.Tensor, when: str) -> Finding:
     return Finding(Pitfall.GENERAL, "tiled attention differs from softmax(q kᵀ / sqrt(d)) v",
-                   f"{when}, by up to {_maxdiff(out, reference(p)):.3g} {p.where()}. Compare each query block with "
+                   f"{when}, by up to {max_abs_diff(out, reference(p)):.3g} {p.where()}. Compare each query block with "
                    "tinytf.scaled_dot_product_attention, one key tile at a time.")
 
 
@@ -189,7 +189,7 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
         try:
             out = _call(fn, p)
         except Exception as exc:  # noqa: BLE001
-            return [_crash(f"tiled attention with a mask {list(p.mask.shape)}", exc, Pitfall.MASK,
+            return [crash_finding(f"tiled attention with a mask {list(p.mask.shape)}", exc, Pitfall.MASK,
                            "fn(q, k, v, mask, block_q=..., block_k=...) takes a bool mask broadcastable to [B, H, Tq, Tk].")]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
             return [Finding(Pitfall.ORIENTATION, "wrong output shape with a mask", f"got {_shape(out)} {p.where()}.")]
@@ -197,8 +197,8 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
             why = ("its first key tile is entirely masked, so m is still -inf and exp(-inf - -inf) = NaN"
                    if p.kind == "left padding" else "a row that may see nothing ends with l = 0 and acc / l = 0 / 0")
             return [found(Pitfall.MASKED_TILE_NAN, "NaN from a fully masked tile or row", f"{why}.", where=f"Seen {p.where()}.")]
-        if not _close(out, reference(p)):
-            empty = p.kind == "empty rows" and not _close(out[..., ::3, :], torch.zeros_like(out[..., ::3, :]))
+        if not is_close(out, reference(p)):
+            empty = p.kind == "empty rows" and not is_close(out[..., ::3, :], torch.zeros_like(out[..., ::3, :]))
             what = "rows that may see nothing must be zeros" if empty else "masked keys must get exactly zero weight"
             return [found(Pitfall.MASK, "masked tiled attention differs from the reference",
                           f"{what}: mask each tile's scores with -inf before the update.", where=f"Seen {p.where()}.")]
@@ -220,7 +220,7 @@ def _memory(fn: Callable, gen: torch.Generator) -> list[Finding]:
     return []
 
 
-@_quietly
+@quietly
 def diagnose_tiled_attention(fn: Callable) -> list[Finding]:
     """Diagnose ``fn(q, k, v, mask=None, *, block_q, block_k) -> out``: q ``[B, H, Tq, d]``, k ``[B, H, Tk, d]``,
     v ``[B, H, Tk, dv]``, out ``[B, H, Tq, dv]``; mask bool, True = may attend; a row that may see nothing
@@ -234,7 +234,7 @@ def diagnose_tiled_attention(fn: Callable) -> list[Finding]:
         except Exception as exc:  # noqa: BLE001
             multiple = p.q.size(-2) % p.block_q == 0 and p.k.size(-2) % p.block_k == 0
             hint = "" if multiple else "Tq or Tk is not a multiple of the block: the last tile is smaller (slice to min(k0 + block_k, Tk))."
-            return [_crash(f"tiled attention {p.where()}", exc, Pitfall.GENERAL, hint)]
+            return [crash_finding(f"tiled attention {p.where()}", exc, Pitfall.GENERAL, hint)]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
             return [Finding(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(reference(p).shape)} = [B, H, Tq, dv], "
                                                                           f"got {_shape(out)} {p.where()}.")]
@@ -245,4 +245,4 @@ def diagnose_tiled_attention(fn: Callable) -> list[Finding]:
     try:
         return _memory(fn, gen)  # right numbers: is the memory that of tiles?
     except Exception as exc:  # noqa: BLE001
-        return [Finding(Pitfall.GENERAL, "tiled attention fails at T = 512", f"it raised {_err(exc)}.")]
+        return [Finding(Pitfall.GENERAL, "tiled attention fails at T = 512", f"it raised {error_text(exc)}.")]

@@ -14,7 +14,7 @@ import torch
 
 from .catalog import Pitfall
 from .findings import Finding, found
-from .probe import _close, _crash, _maxdiff, _quietly
+from .probe import crash_finding, is_close, max_abs_diff, quietly
 from .tiled_probes import causal_reference, tile_count
 
 __all__ = ["diagnose_causal_tiles"]
@@ -78,10 +78,10 @@ def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], ge
     want = causal_reference(q, k, v)
     if out.shape != want.shape:
         return Finding(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(want.shape)}, got {list(out.shape)} {where}.")
-    if not _close(out, want):
+    if not is_close(out, want):
         named = _name_reads(_reads(fn, q, k, v, bq, bk), bk, where)
         return named or Finding(Pitfall.GENERAL, "causal tiled attention differs from the reference",
-                                f"by up to {_maxdiff(out.nan_to_num(0.0), want):.3g} {where}; compare with "
+                                f"by up to {max_abs_diff(out.nan_to_num(0.0), want):.3g} {where}; compare with "
                                 "tinytf.scaled_dot_product_attention(q, k, v, is_causal=True).")
     expected = tile_count(tq, tk, bq, bk)
     total = -(-tq // bq) * -(-tk // bk)
@@ -96,7 +96,7 @@ def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], ge
     return None
 
 
-@_quietly
+@quietly
 def diagnose_causal_tiles(fn: Callable) -> list[Finding]:
     """Diagnose ``fn(q, k, v, *, block_q, block_k) -> (out, tiles_computed)``: end-aligned causal attention
     (``Tk >= Tq``) computed tile by tile, skipping the key tiles wholly in the future. Names
@@ -107,7 +107,7 @@ def diagnose_causal_tiles(fn: Callable) -> list[Finding]:
         try:
             finding = _check_one(fn, shape, blocks, gen)
         except Exception as exc:  # noqa: BLE001 - student code may raise anything
-            return [_crash(f"causal tiled attention for q {list(shape[:3]) + [shape[4]]}, Tk={shape[3]}, blocks {blocks}", exc)]
+            return [crash_finding(f"causal tiled attention for q {list(shape[:3]) + [shape[4]]}, Tk={shape[3]}, blocks {blocks}", exc)]
         if finding is not None:
             return [finding]
     return []

@@ -17,7 +17,7 @@ import torch
 from ..masks import causal_mask
 from .catalog import Pitfall
 from .findings import Finding, found
-from .probe import _cover, _crash, _only_for, _quietly
+from .probe import cover_probes, crash_finding, only_for, quietly
 
 __all__ = ["diagnose_window"]
 
@@ -73,7 +73,7 @@ def _collect(fn: Callable) -> tuple[list[Finding], dict[tuple[int, int, int], to
         try:
             m = fn(tq, tk, w)
         except Exception as exc:  # noqa: BLE001 - student code may raise anything
-            return [_crash(f"the window mask for t_q={tq}, t_k={tk}, window={w}", exc)], None
+            return [crash_finding(f"the window mask for t_q={tq}, t_k={tk}, window={w}", exc)], None
         if not isinstance(m, torch.Tensor) or tuple(m.shape) != (tq, tk):
             got = list(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
             return [Finding(Pitfall.GENERAL, "wrong window mask shape",
@@ -89,7 +89,7 @@ def _where(probe: tuple[int, int, int]) -> str:
     return "for t_q={}, t_k={}, window={}".format(*probe)
 
 
-@_quietly
+@quietly
 def diagnose_window(fn: Callable[[int, int, int], torch.Tensor]) -> list[Finding]:
     """Diagnose ``fn(t_q, t_k, window) -> bool [t_q, t_k]`` (True = may attend): end-aligned, the query at position
     ``p = t_k - t_q + i`` sees keys ``p - window + 1 … p``. Counts the keys each query sees; names
@@ -101,11 +101,11 @@ def diagnose_window(fn: Callable[[int, int, int], torch.Tensor]) -> list[Finding
     bad = [p for p, m in masks.items() if not torch.equal(m, causal_mask(p[0], p[1], window=p[2]))]
     if not bad:
         return []
-    named, rest = _cover(bad, _WRONG, lambda w, p: torch.equal(masks[p], w.make(*p)))
+    named, rest = cover_probes(bad, _WRONG, lambda w, p: torch.equal(masks[p], w.make(*p)))
     for w, probes in named:
         p = next((p for p in probes if p[1] > p[0]), probes[0])
         counts = f"Keys seen per query {_where(p)}: {_counts(masks[p])}, should be {_counts(causal_mask(p[0], p[1], window=p[2]))}."
-        where = _only_for([_where(p) for p in probes], len(probes), len(masks)) or f"Seen {_where(p)}."
+        where = only_for([_where(p) for p in probes], len(probes), len(masks)) or f"Seen {_where(p)}."
         findings.append(found(w.pitfall, w.title, f"{w.evidence} {counts}", where=where, fix=w.pitfall is _WINDOW))
     if rest:
         p = rest[0]
@@ -116,5 +116,5 @@ def diagnose_window(fn: Callable[[int, int, int], torch.Tensor]) -> list[Finding
         findings.append(found(pitfall, "not a sliding-window causal mask",
                               f"{_where(p)} the queries see {_counts(m)} keys, should see {_counts(right)} "
                               f"(min(window, p + 1) for the query at position p). {detail}",
-                              where=_only_for([_where(p) for p in rest], len(rest), len(masks)), fix=pitfall is _WINDOW))
+                              where=only_for([_where(p) for p in rest], len(rest), len(masks)), fix=pitfall is _WINDOW))
     return findings

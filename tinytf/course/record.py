@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["record", "load_records", "interference", "RECORD_ENV"]
+__all__ = ["record", "load_records", "interference", "to_plain", "RECORD_ENV"]
 
 RECORD_ENV = "TINYTF_RECORD_DIR"
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -54,14 +54,14 @@ def interference() -> list[str]:
     return changed
 
 
-def _plain(x: Any) -> Any:
+def to_plain(x: Any) -> Any:
     """Tensors are detached and moved to the CPU; containers are rebuilt as plain ones."""
     if isinstance(x, torch.Tensor):
         return x.detach().to("cpu").clone()
     if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
+        return {str(k): to_plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
+        return [to_plain(v) for v in x]
     if x is None:
         return x
     for kind in (bool, int, float, str):  # subclasses (e.g. torch.__version__) become the plain type,
@@ -80,7 +80,7 @@ def record(grade_id: str, value: Any, **inputs: Any) -> None:
     path = Path(folder) / f"{grade_id}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"value": _plain(value), "inputs": _plain(inputs), "interference": interference()}, tmp)
+    torch.save({"value": to_plain(value), "inputs": to_plain(inputs), "interference": interference()}, tmp)
     os.replace(tmp, path)
 
 

@@ -27,7 +27,7 @@ from tinytf.language import notebook_language
 from .messages import say
 from .nbgrader_root import REPO
 from .notebook import cell_source, describe_cell, first_line, nbgrader_meta, read_notebook
-from .validate import Report, _prepare, _released_dir, _released_path, diagnose_json, format_report
+from .validate import Report, diagnose_json, find_released, format_report, released_folder, restore_tests
 
 __all__ = ["in_kernel_check", "check_json", "self_check"]
 
@@ -68,14 +68,14 @@ def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang
     lang = lang or notebook_language()
     path = _saved_notebook(exercise)
     report = Report(str(path.relative_to(REPO) if path and path.is_relative_to(REPO) else path or exercise), exercise, lang=lang)
-    rel_path = _released_path(exercise, _released_dir(lang, None))
+    rel_path = find_released(exercise, released_folder(lang, None))
     released = json.loads(rel_path.read_text(encoding="utf-8")) if rel_path else None
     student = read_notebook(path) if path else (released or {"cells": []})
     if path is None:
         report.structure.append(say("no_saved", lang, ex=exercise))
     if released is None:
         report.structure.append(say("no_release", lang))
-    nb, tests = _prepare(student, released, report)
+    nb, tests = restore_tests(student, released, report)
     index = {nbgrader_meta(c).get("grade_id"): i for i, c in enumerate(nb["cells"])}
     for gid, pts in tests:
         source = cell_source(nb["cells"][index[gid]]) if gid in index else ""
@@ -108,14 +108,14 @@ def self_check(exercise: str) -> None:
     try:
         import importlib.util
 
-        if _released_path(exercise, _released_dir("en", None)) is None and importlib.util.find_spec(
+        if find_released(exercise, released_folder("en", None)) is None and importlib.util.find_spec(
                 f"tinytf.course.reference.{exercise}") is None:
             print(say("sc_error", notebook_language(), ex=exercise, error=f"there is no exercise {exercise}"))
             return
         report = in_kernel_check(exercise)
         print(format_report(report, title=say("sc_title", report.lang, ex=exercise)))
-        folder = _released_dir(report.lang, None)
-        rel = _released_path(exercise, folder)
+        folder = released_folder(report.lang, None)
+        rel = find_released(exercise, folder)
         where = (folder / (rel.name if rel else f"{exercise}_….ipynb")).relative_to(REPO).as_posix()
         print(say("sc_full", report.lang, where=where))
     except BaseException as err:  # noqa: BLE001 - the last cell of an exercise must never fail

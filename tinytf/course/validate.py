@@ -28,7 +28,9 @@ from .messages import say
 from .nbgrader_root import REPO, exercise_id
 from .notebook import cell_source, describe_cell, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook
 
-__all__ = ["CellCheck", "Report", "validate", "format_report", "self_check", "diagnose_json"]
+__all__ = [
+    "CellCheck", "Report", "validate", "format_report", "self_check", "diagnose_json", "find_released", "released_folder", "restore_tests",
+]
 
 _MARK = "__TINYTF_DIAGNOSIS__"
 
@@ -65,12 +67,13 @@ class Report:
         return not self.fatal and not self.structure and all(c.status == "pass" for c in self.cells) and not self.findings
 
 
-def _released_path(ex: str, released_dir: Path) -> Path | None:
+def find_released(ex: str, released_dir: Path) -> Path | None:
+    """The released notebook of exercise ``ex`` in ``released_dir`` (``exNN_*.ipynb``), or None."""
     hits = sorted(released_dir.glob(f"{ex}_*.ipynb")) + sorted(released_dir.glob(f"{ex}.ipynb"))
     return hits[0] if hits else None
 
 
-def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict, list[tuple[str, float]]]:
+def restore_tests(student: dict, released: dict | None, report: Report) -> tuple[dict, list[tuple[str, float]]]:
     """The notebook to execute (released tests restored) and the ``(grade_id, points)`` to report on."""
     nb = copy.deepcopy(student)
     for cell in nb["cells"]:
@@ -168,7 +171,7 @@ def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float
     return nbformat.from_dict(node), diag, fatal
 
 
-def _released_dir(lang: str, released_dir: str | os.PathLike | None) -> Path:
+def released_folder(lang: str, released_dir: str | os.PathLike | None) -> Path:
     """Where the released version of a notebook of edition ``lang`` is: ``exercises/`` or ``exercises/zh/``."""
     if released_dir:
         return Path(released_dir)
@@ -217,11 +220,11 @@ def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None 
         ids = [nbgrader_meta(c).get("grade_id", "") for c in student["cells"]]
         ex = next((i[:4] for i in ids if i and i[:2] == "ex" and i[2:4].isdigit()), "?")
         report.exercise = ex
-    rel_path = _released_path(ex, _released_dir(report.lang, released_dir)) if ex != "?" else None
+    rel_path = find_released(ex, released_folder(report.lang, released_dir)) if ex != "?" else None
     released = json.loads(rel_path.read_text(encoding="utf-8")) if rel_path else None
     if released is None:
         report.structure.append(say("no_release", report.lang))
-    nb, tests = _prepare(student, released, report)
+    nb, tests = restore_tests(student, released, report)
     previous = os.environ.get("TINYTF_LANG")
     os.environ["TINYTF_LANG"] = report.lang  # the kernel (started below) speaks the notebook's language
     try:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..attention import scaled_dot_product_attention
-from ..tiled import TileStats, _keys_needed, _scores, _tile_mask, online_softmax_finish, online_softmax_update, tiled_attention
+from ..tiled import TileStats, keys_needed, online_softmax_finish, online_softmax_update, tile_mask, tile_scores, tiled_attention
 from ._front import interactive_figure, recall, remember
 
 __all__ = ["SoftmaxTrace", "online_softmax_trace", "tile_steps", "online_softmax_figure", "update_online_softmax_figure",
@@ -73,7 +73,7 @@ def _check(row: int, tokens: int, block_q: int, block_k: int, head_dim: int) -> 
 def tile_steps(row: int, tokens: int, block_q: int, block_k: int, causal: bool) -> int:
     """Key tiles the query block holding ``row`` computes (the stepper's number of steps)."""
     q1 = min((row // block_q + 1) * block_q, tokens)
-    return math.ceil(_keys_needed(q1, tokens, tokens, causal) / block_k)
+    return math.ceil(keys_needed(q1, tokens, tokens, causal) / block_k)
 
 
 def online_softmax_trace(row: int = 37, *, T: int = 64, block_k: int = 8, block_q: int | None = None, causal: bool = True,
@@ -94,9 +94,9 @@ def online_softmax_trace(row: int = 37, *, T: int = 64, block_k: int = 8, block_
     l, acc = torch.zeros_like(m), torch.zeros(1, 1, q1 - q0, d)  # noqa: E741
     tiles, ms, ls, outs = [], [], [], []
     with torch.no_grad():
-        for k0 in range(0, _keys_needed(q1, T, T, causal), block_k):
+        for k0 in range(0, keys_needed(q1, T, T, causal), block_k):
             k1 = min(k0 + block_k, T)
-            s = _scores(q_i, k[..., k0:k1, :], _tile_mask(None, causal, (q0, q1), (k0, k1), 0, q.device))
+            s = tile_scores(q_i, k[..., k0:k1, :], tile_mask(None, causal, (q0, q1), (k0, k1), 0, q.device))
             m, l, acc = online_softmax_update(m, l, acc, s, v[..., k0:k1, :])  # noqa: E741
             tiles.append((k0, k1))
             ms.append(m[0, 0, r, 0])
@@ -108,7 +108,7 @@ def online_softmax_trace(row: int = 37, *, T: int = 64, block_k: int = 8, block_
         seen = torch.stack([torch.softmax(scores[:k1], -1) @ v[0, 0, :k1] for _, k1 in tiles])  # [n, d]
         _, stats = tiled_attention(q, k, v, is_causal=causal, block_q=bq, block_k=block_k, return_stats=True)
     qb = torch.arange(stats.q_blocks)
-    needed = torch.tensor([_keys_needed(min((i + 1) * bq, T), T, T, causal) for i in qb.tolist()])
+    needed = torch.tensor([keys_needed(min((i + 1) * bq, T), T, T, causal) for i in qb.tolist()])
     grid = torch.arange(stats.k_blocks)[None, :] * block_k < needed[:, None]  # [q_blocks, k_blocks]
     return SoftmaxTrace(row, bq, block_k, causal, scores, tiles, torch.stack(ms), torch.stack(ls), torch.stack(outs), seen,
                         exact, grid, stats, (q, k, v))

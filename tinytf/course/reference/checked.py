@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..record import _plain, record
+from ..record import record, to_plain
 
 __all__ = ["judged_record"]
 
@@ -20,6 +20,6 @@ def judged_record(grade_id: str, value: Any, **inputs: Any) -> None:
     """Assert that the judge of ``grade_id`` accepts ``value`` for ``inputs``, then ``record`` them."""
     from ..judges import run_judge
 
-    passed, message = run_judge(grade_id, _plain(value), _plain(inputs))
+    passed, message = run_judge(grade_id, to_plain(value), to_plain(inputs))
     assert passed, message
     record(grade_id, value, **inputs)

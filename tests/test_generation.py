@@ -1,0 +1,89 @@
+"""generate, sample_next and cache_for (tinytf/generation.py): generation with a cache gives exactly
+what recomputation gives, and the cache a model decodes with is built from its config."""
+
+import pytest
+import torch
+
+from tinytf import KVCache, ModelConfig, RollingKVCache, TinyLanguageModel, cache_for, generate
+from tinytf.generation import sample_next
+
+
+@pytest.fixture
+def model(device):
+    torch.manual_seed(0)
+    return TinyLanguageModel(vocab=40, dim=32, heads=4, layers=3, max_tokens=32).to(device).eval()
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "tiled"])
+def test_greedy_generation_identical_with_and_without_cache(device, backend):
+    torch.manual_seed(1)
+    model = TinyLanguageModel(vocab=40, dim=32, heads=4, layers=2, max_tokens=32, backend=backend).to(device)
+    prompts = torch.randint(0, 40, (4, 5), device=device)
+    a = generate(model, prompts, 20, use_cache=True, temperature=0)
+    b = generate(model, prompts, 20, use_cache=False, temperature=0)
+    assert a.shape == (4, 25) and torch.equal(a, b)
+    assert torch.equal(a[:, :5], prompts)
+
+
+def test_sampling_is_reproducible_with_a_generator(model, device):
+    prompts = torch.randint(0, 40, (2, 3), device=device)
+    runs = [generate(model, prompts, 10, top_k=5, generator=torch.Generator(device=device).manual_seed(7)) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_generate_stops_at_max_tokens_with_a_message(model, device):
+    prompts = torch.randint(0, 40, (1, 30), device=device)
+    with pytest.warns(UserWarning, match="max_tokens=32"):
+        out = generate(model, prompts, 10, temperature=0)
+    assert out.shape == (1, 32)
+    with pytest.raises(ValueError, match="max_tokens=32"):
+        generate(model, torch.randint(0, 40, (1, 33), device=device), 1)
+
+
+def test_sampled_generation_identical_with_and_without_cache(model, device):
+    prompts = torch.randint(0, 40, (3, 4), device=device)
+    runs = [
+        generate(model, prompts, 15, use_cache=c, temperature=0.8, top_k=10, generator=torch.Generator(device=device).manual_seed(3))
+        for c in (True, False)
+    ]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_generate_edge_cases_and_mode(model, device):
+    prompts = torch.randint(0, 40, (2, 3), device=device)
+    model.train()
+    assert torch.equal(generate(model, prompts, 0), prompts)
+    assert model.training  # generate switches to eval and back
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        generate(model, prompts, -1)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, prompts[:, :0], 3)
+    with pytest.raises(ValueError, match=r"ids \[B, T\]"):
+        generate(model, prompts[0], 3)
+
+
+@pytest.mark.parametrize(("fields", "kind", "shape"), [
+    ({}, KVCache, (3, 2, 4, 32, 8)),
+    ({"kv_heads": 2}, KVCache, (3, 2, 2, 32, 8)),
+    ({"window": 5, "kv_heads": 1}, RollingKVCache, (3, 2, 1, 5, 8)),
+])
+def test_cache_for_reads_the_config(fields, kind, shape):
+    model = TinyLanguageModel(ModelConfig(vocab=40, dim=32, heads=4, layers=3, max_tokens=32, **fields)).double()
+    cache = cache_for(model, 2)
+    assert type(cache) is kind and cache.shape == shape and cache.k.dtype == torch.float64
+    model.blocks[0].attn.kv_heads = 99  # the config, not a layer's attributes, sizes the cache
+    assert cache_for(model, 2).shape == shape
+    if kind is KVCache:
+        assert cache_for(model, 2, max_tokens=7).shape == (*shape[:3], 7, shape[4])
+
+
+def test_sample_next_greedy_top_k_and_temperature():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 11)
+    greedy = logits.argmax(-1, keepdim=True)
+    assert torch.equal(sample_next(logits, 0.0), greedy)
+    assert torch.equal(sample_next(logits, 1.5, top_k=1, generator=torch.Generator().manual_seed(0)), greedy)
+    top3 = logits.topk(3, dim=-1).indices
+    draws = torch.cat([sample_next(logits, 2.0, top_k=3, generator=torch.Generator().manual_seed(s)) for s in range(50)], dim=1)
+    assert draws.shape == (4, 50) and all(set(draws[b].tolist()) <= set(top3[b].tolist()) for b in range(4))
+    assert len(set(draws[0].tolist())) > 1  # sampling, not argmax

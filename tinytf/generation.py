@@ -1,0 +1,116 @@
+"""Generation: extend a prompt token by token, with a KV cache (one prefill, then one decode step per
+token) or without one (recompute the whole prefix each step, the slow reference).
+
+    ids [B, T] --prefill--> logits [B, V] --sample--> next [B, 1] --decode--> logits [B, V] --> ... ids [B, T + n]
+
+:func:`cache_for` builds the cache a model decodes with from ``model.config``: a
+:class:`tinytf.KVCache`, or a :class:`tinytf.RollingKVCache` of ``window`` tokens for a sliding-window
+model. :func:`sample_next` turns the last logits into the next ids (greedy, temperature, top-k).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from .kvcache import KVCache
+from .rolling import RollingKVCache
+
+__all__ = ["generate", "cache_for", "sample_next"]
+
+
+def cache_for(model: nn.Module, batch: int, *, max_tokens: int | None = None) -> KVCache:
+    """The cache ``model`` decodes with, from ``model.config``: a :class:`tinytf.RollingKVCache` of
+    ``config.window`` tokens when the model has a sliding window, else a :class:`tinytf.KVCache` of
+    ``max_tokens`` tokens (default ``config.max_tokens``). Dtype and device are those of its weights."""
+    if model.config.window is not None:
+        return RollingKVCache.for_model(model, batch)
+    return KVCache.for_model(model, batch, max_tokens=max_tokens)
+
+
+@torch.inference_mode()
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits ``[B, V]`` -> next ids ``[B, 1]``: greedy when ``temperature == 0``, else sampled from
+    ``softmax(logits / temperature)`` restricted to the ``top_k`` most likely tokens (all when None)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+def _check_request(ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None, limit: int) -> None:
+    """``ValueError`` naming the problem with a :func:`generate` call (its prompt, sizes or sampling)."""
+    if ids.dim() != 2:
+        raise ValueError(f"generate expects ids [B, T], got shape {list(ids.shape)} (add a batch axis with ids[None])")
+    if ids.size(1) == 0:
+        raise ValueError(f"generate needs a prompt of at least one token, got ids of shape {list(ids.shape)}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if ids.size(1) > limit:
+        raise ValueError(f"the prompt has {ids.size(1)} tokens but max_tokens={limit}; keep its last {limit} tokens")
+
+
+def generate(
+    model: nn.Module,
+    ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    use_cache: bool = True,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Extend ids ``[B, T]`` by up to ``max_new_tokens`` tokens -> ``[B, T + n]``.
+
+    ``use_cache=True``: one prefill over the prompt, then one decode step per token that computes
+    q/k/v for the new token only. ``use_cache=False``: recompute the whole prefix every step (the
+    slow reference). ``temperature=0`` is greedy; ``top_k`` keeps the k most likely tokens.
+    Generation stops at the model's ``max_tokens`` with a warning that says so. A model with a
+    sliding window (``config.window``) decodes with a :class:`tinytf.RollingKVCache`: its memory
+    stays at ``window`` tokens, but the learned position table still has ``max_tokens`` rows, so the
+    same limit holds (a model with relative positions, such as RoPE, would not have it).
+    """
+    limit, window = model.config.max_tokens, model.config.window
+    _check_request(ids, max_new_tokens, temperature, top_k, limit)
+    n = min(max_new_tokens, limit - ids.size(1))
+    if n < max_new_tokens:
+        warnings.warn(
+            f"generate: stopping after {n} new tokens instead of {max_new_tokens}: the prompt "
+            f"({ids.size(1)}) plus new tokens reach the model's max_tokens={limit}"
+            + (f" (the rolling cache bounds memory to window={window} tokens, not positions: the learned position "
+               f"table has {limit} rows)." if window is not None else "."),
+            stacklevel=2,
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            t0 = ids.size(1)
+            out = torch.empty(ids.size(0), t0 + n, dtype=ids.dtype, device=ids.device)  # [B, T + n], filled in place
+            out[:, :t0] = ids
+            if use_cache and n > 0:
+                cache = cache_for(model, ids.size(0), max_tokens=t0 + n)
+                logits = model(ids, cache=cache)[:, -1]  # prefill: [B, V]
+                for i in range(n):
+                    nxt = sample_next(logits, temperature, top_k, generator)  # [B, 1]
+                    out[:, t0 + i : t0 + i + 1] = nxt
+                    if i + 1 < n:
+                        logits = model(nxt, cache=cache)[:, -1]  # decode one token
+            elif not use_cache:
+                for i in range(n):
+                    logits = model(out[:, : t0 + i])[:, -1]  # recompute the whole prefix
+                    out[:, t0 + i : t0 + i + 1] = sample_next(logits, temperature, top_k, generator)
+        return out
+    finally:
+        model.train(was_training)
