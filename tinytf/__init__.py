@@ -27,15 +27,34 @@ from .checks import (
     diagnose_window,
     report,
 )
+from .collectives import (
+    Comm,
+    Traffic,
+    all_gather_bytes,
+    all_reduce_bytes,
+    copy_to_parallel,
+    reduce_from_parallel,
+    reduce_scatter_bytes,
+)
 from .device import describe_device, pick_device, synchronize
 from .grouped import repeat_kv, to_grouped_query
 from .heads import CausalSelfAttention, MultiHeadAttention
 from .kvcache import KVCache, generate
 from .language import notebook_language
+from .launch import run_processes, torchrun
 from .lm import ModelConfig, TinyLanguageModel, lm_loss, train_step
 from .masks import causal_mask, padding_mask
 from .memory import Ledger, ledger
+from .parallel import (
+    TensorParallelAttention,
+    TensorParallelBlock,
+    column_parallel_linear,
+    row_parallel_linear,
+    shard_block_tensors,
+    shard_qkv,
+)
 from .params import count_parameters, parameter_breakdown
+from .ring import RingStats, contiguous_layout, ring_attention, shard_sequence, unshard_sequence, zigzag_layout
 from .rolling import RollingKVCache
 from .tiled import TileStats, online_softmax_finish, online_softmax_update, tiled_attention
 
@@ -90,4 +109,25 @@ __all__ = [
     "diagnose_kv_grouping",
     "diagnose_expand_kv",
     "diagnose_window",
+    "Comm",
+    "Traffic",
+    "all_reduce_bytes",
+    "all_gather_bytes",
+    "reduce_scatter_bytes",
+    "copy_to_parallel",
+    "reduce_from_parallel",
+    "run_processes",
+    "torchrun",
+    "shard_qkv",
+    "shard_block_tensors",
+    "column_parallel_linear",
+    "row_parallel_linear",
+    "TensorParallelAttention",
+    "TensorParallelBlock",
+    "ring_attention",
+    "RingStats",
+    "contiguous_layout",
+    "zigzag_layout",
+    "shard_sequence",
+    "unshard_sequence",
 ]
