@@ -31,7 +31,7 @@ from .masks import causal_mask
 
 __all__ = [
     "shard_qkv", "colwise_qkv_order", "shard_rows", "shard_cols", "shard_block_tensors",
-    "column_parallel_linear", "row_parallel_linear", "TensorParallelAttention", "TensorParallelBlock",
+    "column_parallel_linear", "row_parallel_linear", "TensorParallelAttention", "TensorParallelBlock", "ParallelizableBlock",
 ]
 
 Tensor = torch.Tensor
@@ -124,6 +124,20 @@ def _param(t: Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t.detach().clone())
 
 
+def _local_attention(qkv: Tensor, d: int, heads: int, kv_heads: int, groups: int, mask: Tensor | None,
+                     is_causal: bool, window: int | None) -> Tensor:
+    """Attention over the heads one rank holds: ``qkv [B, T, (heads + 2·kv_heads)·d]`` (this rank's
+    ``[q; k; v]``) -> ``[B, T, heads·d]`` (its heads merged, in head order)."""
+    b, t, _ = qkv.shape
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    q, k, v = (z.view(b, t, -1, d).transpose(1, 2) for z in (q, k, v))  # [B, heads of this rank, T, d]
+    if is_causal and window is not None:
+        band = causal_mask(t, window=window, device=qkv.device)
+        mask, is_causal = (band if mask is None else mask & band), False
+    out = scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, is_causal=is_causal)
+    return out.transpose(1, 2).reshape(b, t, heads * d)
+
+
 class TensorParallelAttention(nn.Module):
     """Rank ``rank``'s heads of a :class:`tinytf.MultiHeadAttention` (``H/P`` query, ``kv/P`` K/V heads).
 
@@ -145,16 +159,8 @@ class TensorParallelAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """x ``[B, T, D]`` -> ``[B, T, D]``; ``mask`` as in :class:`tinytf.MultiHeadAttention` (True = may attend)."""
-        b, t, _ = x.shape
-        d, hl, kvl = self.head_dim, self.local_heads, self.local_kv
         qkv = column_parallel_linear(x, self.qkv_weight, self.qkv_bias, self.comm)  # [B, T, (H + 2·kv)·d / P]
-        q, k, v = qkv.split([hl * d, kvl * d, kvl * d], dim=-1)
-        q, k, v = (z.view(b, t, -1, d).transpose(1, 2) for z in (q, k, v))  # [B, heads of this rank, T, d]
-        if is_causal and self.window is not None:
-            band = causal_mask(t, window=self.window, device=x.device)
-            mask, is_causal = (band if mask is None else mask & band), False
-        out = scaled_dot_product_attention(q, repeat_kv(k, self.groups), repeat_kv(v, self.groups), mask, is_causal=is_causal)
-        out = out.transpose(1, 2).reshape(b, t, hl * d)  # [B, T, D/P]: this rank's heads, merged
+        out = _local_attention(qkv, self.head_dim, self.local_heads, self.local_kv, self.groups, mask, is_causal, self.window)
         return row_parallel_linear(out, self.proj_weight, self.proj_bias, self.comm)
 
 
@@ -206,3 +212,58 @@ class TensorParallelBlock(nn.Module):
             return x + self.drop(self.ffn(self.norm2(x)))
         x = self.norm1(x + self.drop(self.attn(x, mask, is_causal=True)))
         return self.norm2(x + self.drop(self.ffn(x)))
+
+
+class ParallelizableBlock(nn.Module):
+    """A :class:`tinytf.TransformerBlock` rebuilt from plain ``nn.Linear`` layers for PyTorch's own tensor
+    parallelism: ``parallelize_module(m, mesh, m.plan())`` turns it into rank ``r``'s share.
+
+    ``ColwiseParallel`` cuts a weight's rows into ``P`` contiguous pieces, so ``attn_qkv``'s rows are stored
+    in :func:`colwise_qkv_order`; and the attention here counts the heads *one rank* holds (``H/P``),
+    because after sharding each rank's ``attn_qkv`` returns only its heads' ``[q; k; v]``. Unsharded it is
+    not the block (the rows are permuted): it exists to be parallelized.
+    """
+
+    SOURCE = {"norm1.weight": "norm1.weight", "norm1.bias": "norm1.bias", "norm2.weight": "norm2.weight",
+              "norm2.bias": "norm2.bias", "attn_qkv.weight": "attn.qkv.weight", "attn_qkv.bias": "attn.qkv.bias",
+              "attn_proj.weight": "attn.proj.weight", "attn_proj.bias": "attn.proj.bias",
+              "ffn_up.weight": "ffn.0.weight", "ffn_up.bias": "ffn.0.bias",
+              "ffn_down.weight": "ffn.2.weight", "ffn_down.bias": "ffn.2.bias"}
+
+    def __init__(self, block: TransformerBlock, world: int) -> None:
+        super().__init__()
+        attn = block.attn
+        _check_split(attn.heads, attn.kv_heads, world, 0)
+        self.norm_position, self.window = block.norm_position, attn.window
+        self.head_dim, self.groups = attn.head_dim, attn.groups
+        self.local_heads, self.local_kv = attn.heads // world, attn.kv_heads // world
+        self.norm1, self.norm2 = copy.deepcopy(block.norm1), copy.deepcopy(block.norm2)
+        self.attn_qkv, self.attn_proj = copy.deepcopy(attn.qkv), copy.deepcopy(attn.proj)
+        with torch.no_grad():
+            self.attn_qkv.weight.copy_(colwise_qkv_order(attn.qkv.weight, world, attn.heads, attn.kv_heads))
+            if attn.qkv.bias is not None:
+                self.attn_qkv.bias.copy_(colwise_qkv_order(attn.qkv.bias, world, attn.heads, attn.kv_heads))
+        self.ffn_up, self.ffn_down = copy.deepcopy(block.ffn[0]), copy.deepcopy(block.ffn[2])
+        self.drop = copy.deepcopy(block.drop)
+
+    @staticmethod
+    def plan() -> dict:
+        """The ``parallelize_plan``: qkv and the FFN's first layer column-wise, the two output layers row-wise."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        return {"attn_qkv": ColwiseParallel(), "attn_proj": RowwiseParallel(),
+                "ffn_up": ColwiseParallel(), "ffn_down": RowwiseParallel()}
+
+    def _attn(self, x: Tensor) -> Tensor:
+        out = _local_attention(self.attn_qkv(x), self.head_dim, self.local_heads, self.local_kv, self.groups,
+                               None, True, self.window)
+        return self.attn_proj(out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x ``[B, T, D]`` -> ``[B, T, D]`` (after ``parallelize_module``: the same on every rank)."""
+        ffn = lambda z: self.ffn_down(F.gelu(self.ffn_up(z)))
+        if self.norm_position == "pre":
+            x = x + self.drop(self._attn(self.norm1(x)))
+            return x + self.drop(ffn(self.norm2(x)))
+        x = self.norm1(x + self.drop(self._attn(x)))
+        return self.norm2(x + self.drop(ffn(x)))
