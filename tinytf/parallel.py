@@ -30,7 +30,7 @@ from .heads import MultiHeadAttention
 from .masks import causal_mask
 
 __all__ = [
-    "shard_qkv", "colwise_qkv_order", "shard_rows", "shard_cols", "shard_block_tensors",
+    "shard_qkv", "colwise_qkv_order", "local_attention", "shard_rows", "shard_cols", "shard_block_tensors",
     "column_parallel_linear", "row_parallel_linear", "TensorParallelAttention", "TensorParallelBlock", "ParallelizableBlock",
 ]
 
@@ -124,7 +124,7 @@ def _param(t: Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t.detach().clone())
 
 
-def _local_attention(qkv: Tensor, d: int, heads: int, kv_heads: int, groups: int, mask: Tensor | None,
+def local_attention(qkv: Tensor, d: int, heads: int, kv_heads: int, groups: int, mask: Tensor | None,
                      is_causal: bool, window: int | None) -> Tensor:
     """Attention over the heads one rank holds: ``qkv [B, T, (heads + 2·kv_heads)·d]`` (this rank's
     ``[q; k; v]``) -> ``[B, T, heads·d]`` (its heads merged, in head order)."""
@@ -160,7 +160,7 @@ class TensorParallelAttention(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """x ``[B, T, D]`` -> ``[B, T, D]``; ``mask`` as in :class:`tinytf.MultiHeadAttention` (True = may attend)."""
         qkv = column_parallel_linear(x, self.qkv_weight, self.qkv_bias, self.comm)  # [B, T, (H + 2·kv)·d / P]
-        out = _local_attention(qkv, self.head_dim, self.local_heads, self.local_kv, self.groups, mask, is_causal, self.window)
+        out = local_attention(qkv, self.head_dim, self.local_heads, self.local_kv, self.groups, mask, is_causal, self.window)
         return row_parallel_linear(out, self.proj_weight, self.proj_bias, self.comm)
 
 
@@ -255,7 +255,7 @@ class ParallelizableBlock(nn.Module):
                 "ffn_up": ColwiseParallel(), "ffn_down": RowwiseParallel()}
 
     def _attn(self, x: Tensor) -> Tensor:
-        out = _local_attention(self.attn_qkv(x), self.head_dim, self.local_heads, self.local_kv, self.groups,
+        out = local_attention(self.attn_qkv(x), self.head_dim, self.local_heads, self.local_kv, self.groups,
                                None, True, self.window)
         return self.attn_proj(out)
 
