@@ -9,7 +9,17 @@ import torch
 import torch.nn.functional as F
 
 import tinytf
-from tinytf import Comm, TensorParallelAttention, TensorParallelBlock, all_reduce_bytes, shard_block_tensors, shard_qkv
+from tinytf import (
+    Comm,
+    Pitfall,
+    TensorParallelAttention,
+    TensorParallelBlock,
+    all_reduce_bytes,
+    diagnose_replicated,
+    diagnose_row_parallel,
+    shard_block_tensors,
+    shard_qkv,
+)
 from tinytf.launch import run_processes
 from tinytf.parallel import ParallelizableBlock, colwise_qkv_order, local_attention, shard_cols, shard_rows
 
@@ -112,7 +122,8 @@ def _pitfalls_case(rank: int) -> dict:
     torch.manual_seed(100)
     synced = tp_block(x).detach()
     return dict(partial=_err(partial, ref), bias=_err(bias_twice - ref, (WORLD - 1) * full.proj.bias.detach()),
-                bias_err=_err(bias_twice, ref), sliced=_err(sliced, ref), unsynced=unsynced, synced=synced)
+                bias_err=_err(bias_twice, ref), sliced=_err(sliced, ref), unsynced=unsynced, synced=synced,
+                outputs=dict(partial=partial, bias_twice=bias_twice, ref=ref, bias=full.proj.bias.detach().clone()))
 
 
 def _job(rank: int, world: int) -> dict:
@@ -170,6 +181,19 @@ def test_the_pitfalls_break_parity(ranks):
         assert p["sliced"] > 1e-2  # a plain slice of the fused weight: Q of some heads, K of others
     assert _err(ranks[0]["pitfalls"]["unsynced"], ranks[1]["pitfalls"]["unsynced"]) > 1e-2
     assert _err(ranks[0]["pitfalls"]["synced"], ranks[1]["pitfalls"]["synced"]) == 0
+
+
+def test_the_diagnoses_name_the_pitfalls_from_what_the_ranks_returned(ranks):
+    out = [r["pitfalls"]["outputs"] for r in ranks]
+    ref, bias = out[0]["ref"], out[0]["bias"]
+    [f] = diagnose_row_parallel([o["partial"] for o in out], ref, bias)
+    assert f.pitfall is Pitfall.FORGOTTEN_ALL_REDUCE
+    [f] = diagnose_row_parallel([o["bias_twice"] for o in out], ref, bias)
+    assert f.pitfall is Pitfall.BIAS_BEFORE_ALL_REDUCE and "(P - 1) = 1" in f.message
+    assert diagnose_row_parallel([ref, ref], ref, bias) == []
+    [f] = diagnose_replicated([r["pitfalls"]["unsynced"] for r in ranks])
+    assert f.pitfall is Pitfall.DROPOUT_RNG_UNSYNCED
+    assert diagnose_replicated([r["pitfalls"]["synced"] for r in ranks]) == []
 
 
 @pytest.mark.parametrize("world", [2, 4])

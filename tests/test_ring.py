@@ -8,7 +8,17 @@ import pytest
 import torch
 
 import tinytf
-from tinytf import Comm, RingStats, contiguous_layout, ring_attention, shard_sequence, unshard_sequence, zigzag_layout
+from tinytf import (
+    Comm,
+    Pitfall,
+    RingStats,
+    contiguous_layout,
+    diagnose_ring_attention,
+    ring_attention,
+    shard_sequence,
+    unshard_sequence,
+    zigzag_layout,
+)
 from tinytf.launch import run_processes
 
 WORLD = 2
@@ -93,6 +103,11 @@ def test_local_offsets_break_causal_attention(ranks):
     assert case0["errs"][0] > 1e-2 and case1["errs"][0] > 1e-2
     got = unshard_sequence([case0["out"], case1["out"]], contiguous_layout(T, WORLD))
     assert (got - ref).abs().max() > 1e-2
+    q, k, v = _qkv()
+    [finding] = diagnose_ring_attention([case0["out"], case1["out"]], q, k, v, contiguous_layout(T, WORLD))
+    assert finding.pitfall is Pitfall.RING_LOCAL_OFFSET
+    right = [r["cases"]["zigzag", True]["out"] for r in ranks]
+    assert diagnose_ring_attention(right, q, k, v, zigzag_layout(T, WORLD)) == []
 
 
 def test_layouts_and_round_trip():
