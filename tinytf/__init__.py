@@ -23,9 +23,22 @@ from .checks import (
     diagnose_kv_grouping,
     diagnose_lm_loss,
     diagnose_online_softmax,
+    diagnose_qkv_split,
+    diagnose_replicated,
+    diagnose_ring_attention,
+    diagnose_row_parallel,
     diagnose_tiled_attention,
     diagnose_window,
     report,
+)
+from .collectives import (
+    Comm,
+    Traffic,
+    all_gather_bytes,
+    all_reduce_bytes,
+    copy_to_parallel,
+    reduce_from_parallel,
+    reduce_scatter_bytes,
 )
 from .config import ModelConfig
 from .convert import to_grouped_query
@@ -35,10 +48,20 @@ from .grouped import repeat_kv
 from .heads import CausalSelfAttention, MultiHeadAttention
 from .kvcache import KVCache
 from .language import notebook_language
+from .launch import run_processes, torchrun
 from .lm import TinyLanguageModel, lm_loss, train_step
 from .masks import causal_mask, padding_mask
 from .memory import Ledger, ledger
+from .parallel import (
+    TensorParallelAttention,
+    TensorParallelBlock,
+    column_parallel_linear,
+    row_parallel_linear,
+    shard_block_tensors,
+    shard_qkv,
+)
 from .params import count_parameters, parameter_breakdown
+from .ring import RingStats, contiguous_layout, ring_attention, shard_sequence, unshard_sequence, zigzag_layout
 from .rolling import RollingKVCache
 from .tiled import TileStats, online_softmax_finish, online_softmax_update, tiled_attention
 
@@ -94,4 +117,29 @@ __all__ = [
     "diagnose_kv_grouping",
     "diagnose_expand_kv",
     "diagnose_window",
+    "Comm",
+    "Traffic",
+    "all_reduce_bytes",
+    "all_gather_bytes",
+    "reduce_scatter_bytes",
+    "copy_to_parallel",
+    "reduce_from_parallel",
+    "run_processes",
+    "torchrun",
+    "shard_qkv",
+    "shard_block_tensors",
+    "column_parallel_linear",
+    "row_parallel_linear",
+    "TensorParallelAttention",
+    "TensorParallelBlock",
+    "ring_attention",
+    "RingStats",
+    "contiguous_layout",
+    "zigzag_layout",
+    "shard_sequence",
+    "unshard_sequence",
+    "diagnose_qkv_split",
+    "diagnose_row_parallel",
+    "diagnose_replicated",
+    "diagnose_ring_attention",
 ]

@@ -3,7 +3,8 @@
 Chapter 08's "at a glance" table, every ``diagnose_*`` finding, ``tinytf validate`` and the
 exercises' feedback read from here. Refer to a pitfall by name (``Pitfall.SCALE``), never by a
 bare number; the numbers are the article's list (chapter 08's sections, 1-14), kept for readers, then
-chapter 10's tiled-attention pitfalls (15-18) and chapter 11's smaller-KV-cache pitfalls (19-20).
+chapter 10's tiled-attention pitfalls (15-18), chapter 11's smaller-KV-cache pitfalls (19-20) and chapter 12's
+pitfalls of attention split across processes (21-25).
 ``glance_table()`` lists one chapter's pitfalls (chapter 08's fourteen by default).
 """
 
@@ -19,7 +20,8 @@ __all__ = ["Pitfall", "Entry", "CATALOG", "PITFALLS", "glance_table"]
 
 class Pitfall(IntEnum):
     """A classic mistake; ``int(p)`` is its number: 1-14 in chapter 08, 15-18 in chapter 10 (tiled attention),
-    19-20 in chapter 11 (smaller KV caches), 0 = a general problem that is none of them."""
+    19-20 in chapter 11 (smaller KV caches), 21-25 in chapter 12 (attention across processes), 0 = a general
+    problem that is none of them."""
 
     GENERAL = 0
     SCALE = 1
@@ -42,6 +44,11 @@ class Pitfall(IntEnum):
     DIAGONAL_TILE_SKIPPED = 18
     KV_GROUPING = 19
     WINDOW_OFF_BY_ONE = 20
+    FORGOTTEN_ALL_REDUCE = 21
+    QKV_SPLIT_ONE_PIECE = 22
+    BIAS_BEFORE_ALL_REDUCE = 23
+    RING_LOCAL_OFFSET = 24
+    DROPOUT_RNG_UNSYNCED = 25
 
     @property
     def entry(self) -> Entry:
@@ -83,6 +90,7 @@ class Entry:
 _S = "08_pitfalls.ipynb § Pitfall "
 _T = "10_tiled_attention.ipynb § "
 _K = "11_smaller_kv_caches.ipynb § "
+_P = "12_attention_across_processes.ipynb § "
 CATALOG: dict[Pitfall, Entry] = {
     Pitfall.GENERAL: Entry(
         "general problem (none of the named pitfalls)", "general problem", "09_exercises.ipynb",
@@ -191,6 +199,41 @@ CATALOG: dict[Pitfall, Entry] = {
         "the query at position `p` sees keys `p - window + 1 … p`: `causal_mask(t_q, t_k, window=window)`",
         "滑动窗口差一位：每个查询看到 window + 1 或 window - 1 个键", "查询多看或少看了一个键；窗口把查询自己也算在内",
         "位置 `p` 上的查询看到键 `p - window + 1 … p`：`causal_mask(t_q, t_k, window=window)`"),
+    Pitfall.FORGOTTEN_ALL_REDUCE: Entry(
+        "the forgotten all-reduce: each rank holds a partial sum", "row-parallel output used without its all-reduce",
+        _P + "6. What breaks",
+        "the ranks' outputs differ from each other and from one process; their sum is right", "`diagnose_row_parallel`",
+        "all-reduce the row-parallel partial sums (`reduce_from_parallel`), then add the bias",
+        "忘了全归约：每个 rank 只持有部分和", "各 rank 的输出互不相同，也不同于单进程的结果；它们的和才是对的",
+        "对行并行的部分和做全归约（`reduce_from_parallel`），再加偏置"),
+    Pitfall.QKV_SPLIT_ONE_PIECE: Entry(
+        "the fused QKV weight split in one piece", "`qkv.weight.chunk(P)[r]` instead of per Q/K/V and per head",
+        _P + "2. Tensor-parallel attention",
+        "right shapes, wrong heads: a rank gets Q rows of some heads and K rows of others", "`diagnose_qkv_split`",
+        "take rank r's heads from each of W_q, W_k and W_v: `shard_qkv(weight, r, P, heads, kv_heads)`",
+        "把融合的 QKV 权重一刀切开", "形状都对，头却错了：一个 rank 拿到一些头的 Q 行和另一些头的 K 行",
+        "分别从 W_q、W_k、W_v 中取 rank r 的头：`shard_qkv(weight, r, P, heads, kv_heads)`"),
+    Pitfall.BIAS_BEFORE_ALL_REDUCE: Entry(
+        "the output-projection bias added on every rank before the all-reduce", "row-parallel bias added before the sum",
+        _P + "6. What breaks",
+        "the output is off by exactly (P - 1) · bias on every rank", "`diagnose_row_parallel`",
+        "add the row-parallel bias once, after the all-reduce",
+        "在全归约之前就在每个 rank 上加了输出投影的偏置", "每个 rank 的输出都恰好多了 (P - 1) · bias",
+        "在全归约之后只加一次行并行的偏置"),
+    Pitfall.RING_LOCAL_OFFSET: Entry(
+        "ring attention without the global causal offset", "each arriving K/V block masked as if it started at 0",
+        _P + "4. Ring attention",
+        "rank 0 sees the future, later ranks lose half of their past", "`diagnose_ring_attention`",
+        "mask with global positions: key j is seen by query i iff position(j) <= position(i)",
+        "环形注意力没有用全局因果偏移", "rank 0 看到了未来，后面的 rank 丢掉了一半的过去",
+        "用全局位置做掩码：当且仅当 position(j) <= position(i) 时查询 i 能看到键 j"),
+    Pitfall.DROPOUT_RNG_UNSYNCED: Entry(
+        "dropout with unsynchronised RNG across tensor-parallel ranks", "residual dropout seeded differently per rank",
+        _P + "6. What breaks",
+        "activations that every rank should hold identically drift apart", "`diagnose_replicated`",
+        "seed the RNG identically on the tensor-parallel ranks for dropout on replicated tensors",
+        "张量并行的各 rank 之间 dropout 的随机数生成器不同步", "本应在每个 rank 上完全相同的激活彼此偏离",
+        "对复制张量上的 dropout，在张量并行的各 rank 上使用相同的随机种子"),
 }
 
 # number -> title, for code that still holds a plain int (e.g. findings read back from JSON)
@@ -199,7 +242,8 @@ PITFALLS: dict[int, str] = {int(p): e.title for p, e in CATALOG.items()}
 
 def glance_table(lang: str | None = None, *, chapter: str = "08") -> str:
     """The "at a glance" table of the pitfalls that chapter ``chapter`` teaches, as markdown: chapter 08's
-    fourteen by default, ``chapter="10"`` for tiled attention's, ``chapter="11"`` for smaller KV caches'.
+    fourteen by default, ``chapter="10"`` for tiled attention's, ``chapter="11"`` for smaller KV caches',
+    ``chapter="12"`` for attention across processes'.
     In English or Chinese (``"zh"``); by default in the running notebook's language
     (:func:`tinytf.language.notebook_language`)."""
     if lang is None:

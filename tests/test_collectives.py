@@ -1,0 +1,105 @@
+"""tinytf.collectives on two real gloo processes: the counted ring collectives equal torch.distributed's,
+the bytes each rank sends equal the ring formulas, and f/g all-reduce on the right side of autograd."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tinytf import Comm, all_gather_bytes, all_reduce_bytes, copy_to_parallel, reduce_from_parallel, reduce_scatter_bytes
+from tinytf.launch import run_processes
+
+WORLD = 2
+SIZES = (8, 1024, 3 * 4096)  # elements; divisible by P so that the formulas are exact
+ODD = 13  # not divisible by P: chunks of 7 and 6 elements
+
+
+def _collectives_job(rank: int, world: int) -> dict:
+    """Every collective, counted, next to torch.distributed's own result."""
+    comm, out = Comm(), {"rank": rank, "cases": []}
+    for n in (*SIZES, ODD):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(rank * 100 + n))
+        comm.reset()
+        mine = comm.all_reduce(x.clone())
+        sent_ar = comm.traffic.sent
+        ref = x.clone()
+        dist.all_reduce(ref)
+        comm.reset()
+        part = comm.reduce_scatter(x)
+        sent_rs = comm.traffic.sent
+        comm.reset()
+        sizes = [c.numel() for c in x.tensor_split(world)]
+        gathered = comm.all_gather(x.tensor_split(world)[rank], sizes)
+        sent_ag = comm.traffic.sent
+        everyone = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(everyone, x)
+        comm.reset()
+        (got,) = comm.exchange([x])
+        sent_p2p = comm.traffic.sent, comm.traffic.received
+        out["cases"].append(dict(
+            n=n, nbytes=x.nbytes, ar_err=(mine - ref).abs().max().item(), sent_ar=sent_ar,
+            rs_err=(part - ref.tensor_split(world)[rank]).abs().max().item(), sent_rs=sent_rs,
+            ag_err=(gathered - torch.cat([e.tensor_split(world)[i] for i, e in enumerate(everyone)])).abs().max().item(),
+            sent_ag=sent_ag, p2p_err=(got - everyone[(rank - 1) % world]).abs().max().item(), sent_p2p=sent_p2p,
+        ))
+    fast = Comm(measure=False)
+    y = fast.all_reduce(torch.ones(5) * (rank + 1))
+    out["fast"] = (y.tolist(), fast.traffic.count("all_reduce"), fast.traffic.sent, fast.traffic.logical["all_reduce"])
+    # f and g: copy_to_parallel all-reduces the gradient, reduce_from_parallel the value
+    comm.reset()
+    x = torch.full((3,), float(rank + 1), requires_grad=True)
+    (copy_to_parallel(x, comm) * (rank + 1)).sum().backward()
+    out["f"] = (x.grad.tolist(), comm.traffic.count("all_reduce"), comm.traffic.count("all_reduce", "backward"))
+    comm.reset()
+    x = torch.full((3,), float(rank + 1), requires_grad=True)
+    y = reduce_from_parallel(x, comm)
+    y.sum().backward()
+    out["g"] = (y.tolist(), x.grad.tolist(), comm.traffic.count("all_reduce"), comm.traffic.count("all_reduce", "backward"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict]:
+    results = run_processes(_collectives_job, WORLD)
+    assert [r["rank"] for r in results] == list(range(WORLD))
+    return results
+
+
+def test_ring_collectives_equal_torch_distributed(ranks):
+    for r in ranks:
+        assert len(r["cases"]) == len(SIZES) + 1
+        for c in r["cases"]:
+            assert c["ar_err"] < 1e-6 and c["rs_err"] < 1e-6, c
+            assert c["ag_err"] == 0 and c["p2p_err"] == 0, c
+
+
+def test_bytes_sent_equal_the_ring_formulas(ranks):
+    for r in ranks:
+        for c in r["cases"][: len(SIZES)]:
+            assert c["sent_ar"] == all_reduce_bytes(c["nbytes"], WORLD) == 2 * (WORLD - 1) * c["nbytes"] / WORLD
+            assert c["sent_rs"] == reduce_scatter_bytes(c["nbytes"], WORLD)
+            assert c["sent_ag"] == all_gather_bytes(c["nbytes"], WORLD)
+            assert c["sent_p2p"] == (c["nbytes"], c["nbytes"])
+    # uneven chunks: over both ranks, every chunk is still sent (P - 1) times per phase
+    odd = [r["cases"][-1] for r in ranks]
+    assert sum(c["sent_ar"] for c in odd) == 2 * (WORLD - 1) * odd[0]["nbytes"]
+
+
+def test_formulas_for_larger_rings():
+    assert all_reduce_bytes(1000, 4) == 1500 and all_reduce_bytes(1000, 1) == 0
+    assert reduce_scatter_bytes(1000, 4) == all_gather_bytes(1000, 4) == 750
+
+
+def test_fast_path_counts_calls_not_bytes(ranks):
+    for r in ranks:
+        total, calls, sent, logical = r["fast"]
+        assert total == [3.0] * 5 and calls == 1 and sent == 0 and logical == 5 * 4
+
+
+def test_f_reduces_the_gradient_and_g_the_value(ranks):
+    for r in ranks:
+        grad, fwd, bwd = r["f"]
+        assert grad == [3.0] * 3 and (fwd, bwd) == (0, 1)  # d/dx of sum over ranks of (rank + 1) x
+        value, grad, fwd, bwd = r["g"]
+        assert value == [3.0] * 3 and grad == [1.0] * 3 and (fwd, bwd) == (1, 0)
