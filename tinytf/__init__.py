@@ -31,7 +31,7 @@ from .device import describe_device, pick_device, synchronize
 from .grouped import repeat_kv, to_grouped_query
 from .heads import CausalSelfAttention, MultiHeadAttention
 from .kvcache import KVCache, generate
-from .language import notebook_language
+from .language import edition_folder, notebook_language
 from .lm import ModelConfig, TinyLanguageModel, lm_loss, train_step
 from .masks import causal_mask, padding_mask
 from .memory import Ledger, ledger
@@ -68,6 +68,7 @@ __all__ = [
     "describe_device",
     "synchronize",
     "notebook_language",
+    "edition_folder",
     "count_parameters",
     "parameter_breakdown",
     "Ledger",
