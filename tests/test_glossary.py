@@ -156,3 +156,33 @@ def test_every_zh_notebook_is_checked():
 def test_zh_notebook_follows_the_glossary(path: Path):
     found = problems(path)
     assert not found, f"{path.relative_to(ROOT)}:\n" + "\n".join(found)
+
+
+# what nbgrader writes where a solution was, per edition (tinytf.course.nbgrader_root.nbgrader_config's stubs)
+def _stubs(edition: str) -> list[str]:
+    from tinytf.course.nbgrader_root import nbgrader_config
+
+    c = nbgrader_config(ROOT / "build", edition=edition)
+    return [line for s in (c.ClearSolutions.code_stub["python"], c.ClearSolutions.text_stub) for line in s.splitlines()]
+
+
+def test_every_marker_a_chapter_names_is_in_that_editions_exercises():
+    """A chapter that says "fill in the cells marked X" quotes a marker the student's exercises contain."""
+    markers = {m for lang in ("en", "zh") for m in _stubs(lang) if "NotImplementedError" not in m}
+    assert len(markers) == 4, markers
+    checked = 0
+    for lang, chapters, exercises in (("en", ROOT / "notebooks", ROOT / "exercises"),
+                                      ("zh", ROOT / "notebooks" / "zh", ROOT / "exercises" / "zh")):
+        released = "\n".join(p.read_text(encoding="utf-8") for p in sorted(exercises.glob("ex*.ipynb")))
+        decoded = json.dumps(released, ensure_ascii=False)  # notebooks store "# 在这里…" as JSON text
+        for chapter in sorted(chapters.glob("[0-9][0-9]_*.ipynb")):
+            for cell in json.loads(chapter.read_text(encoding="utf-8"))["cells"]:
+                if cell["cell_type"] != "markdown":
+                    continue
+                for quoted in re.findall(r"`([^`\n]+)`", _source(cell)):
+                    if any(m.lstrip("# ") in quoted for m in markers):
+                        checked += 1
+                        assert quoted in released or quoted in decoded, (
+                            f"{chapter.relative_to(ROOT)} cell {cell.get('id')} tells students to look for {quoted!r}, "
+                            f"which no notebook in {exercises.relative_to(ROOT)}/ contains")
+    assert checked >= 4, f"only {checked} quoted markers found in the chapters"
