@@ -37,7 +37,7 @@ NBVAL      = -p no:cacheprovider --nbval-lax --nbval-current-env $(XDIST)
 # oversubscribe the CPU and slow tiny-tensor notebooks many times over.
 THREADS_ENV = $(if $(filter-out 1,$(JOBS)),OMP_NUM_THREADS=1)
 
-.PHONY: help setup lab lab-instructor book test-book test test-fast lint unit notebooks clean run test-cuda test-ui bench release grade
+.PHONY: help setup lab lab-zh lab-instructor book test-book test test-fast lint unit notebooks clean run test-cuda test-ui bench release grade
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -55,10 +55,15 @@ setup: $(SETUP) ## create .venv: torch first, then tinytf[dev], and a Jupyter ke
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 # the student's Lab has no nbgrader instructor tools (lab/README.md); lab-instructor has them all
-LAB = $(PYTHON) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
+LAB_TREE = notebooks
+LAB = $(PYTHON) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/$(LAB_TREE) --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 lab: $(SETUP) ## open the student's JupyterLab on notebooks/ (exercises/ one folder up; no nbgrader instructor tools)
 	JUPYTER_CONFIG_PATH=$(CURDIR)/lab/student $(LAB)
+
+lab-zh: $(SETUP) ## the student's JupyterLab in Chinese (menus from jupyterlab-language-pack-zh-CN) on notebooks/zh/
+	JUPYTER_CONFIG_PATH=$(CURDIR)/lab/student $(LAB) --LabApp.app_settings_dir=$(CURDIR)/lab/zh/settings
+lab-zh: LAB_TREE = notebooks/zh
 
 lab-instructor: $(SETUP) ## the same JupyterLab with nbgrader's instructor tools (create assignment, formgrader)
 	JUPYTER_CONFIG_PATH=$(CURDIR)/lab/instructor $(LAB)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tinytf.checks import glance_table
-from tinytf.language import edition_of, notebook_language
+from tinytf.language import edition_folder, edition_of, notebook_language
 
 
 def _nb(path, lang=None):
@@ -70,3 +70,15 @@ def test_glance_table_follows_the_notebook(monkeypatch):
     assert "陷阱" in glance_table() and glance_table() == glance_table("zh")
     monkeypatch.setenv("TINYTF_LANG", "en")
     assert glance_table() == glance_table("en") and "pitfall" in glance_table()
+
+
+def test_edition_folder_follows_the_notebook(monkeypatch, tmp_path):
+    (tmp_path / "notebooks" / "zh").mkdir(parents=True)
+    (tmp_path / "exercises").mkdir()
+    assert edition_folder(tmp_path / "notebooks", "zh") == tmp_path / "notebooks" / "zh"
+    assert edition_folder(tmp_path / "notebooks", "en") == tmp_path / "notebooks"
+    assert edition_folder(tmp_path / "exercises", "zh") == tmp_path / "exercises", "no zh/ folder: the one there is"
+    monkeypatch.setenv("TINYTF_LANG", "zh")
+    assert edition_folder(tmp_path / "notebooks") == tmp_path / "notebooks" / "zh", "the running notebook's edition"
+    monkeypatch.setenv("TINYTF_LANG", "en")
+    assert edition_folder(tmp_path / "notebooks") == tmp_path / "notebooks"

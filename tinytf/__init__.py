@@ -47,7 +47,7 @@ from .generation import cache_for, generate
 from .grouped import repeat_kv
 from .heads import CausalSelfAttention, MultiHeadAttention
 from .kvcache import KVCache
-from .language import notebook_language
+from .language import edition_folder, notebook_language
 from .launch import run_processes, torchrun
 from .lm import TinyLanguageModel, lm_loss, train_step
 from .masks import causal_mask, padding_mask
@@ -95,6 +95,7 @@ __all__ = [
     "describe_device",
     "synchronize",
     "notebook_language",
+    "edition_folder",
     "count_parameters",
     "parameter_breakdown",
     "Ledger",

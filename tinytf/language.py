@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LANGUAGES", "edition_of", "notebook_language"]
+__all__ = ["LANGUAGES", "edition_of", "notebook_language", "edition_folder"]
 
 LANGUAGES = ("en", "zh")
 
@@ -63,3 +63,13 @@ def notebook_language(default: str = "en") -> str:
     if len(here) == 1:
         return here.pop()
     return default if default in LANGUAGES else "en"
+
+
+def edition_folder(folder: str | os.PathLike, lang: str | None = None) -> Path:
+    """Where ``folder``'s notebooks of an edition live: ``folder/zh`` for the Chinese edition (when that
+    folder exists), ``folder`` itself for English. ``lang`` defaults to :func:`notebook_language`, so one
+    line of code reads ``notebooks/`` in an English chapter and ``notebooks/zh/`` in its Chinese twin."""
+    base = Path(folder)
+    lang = lang if lang in LANGUAGES else notebook_language()
+    twin = base / lang
+    return twin if lang != "en" and twin.is_dir() else base

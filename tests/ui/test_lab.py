@@ -73,20 +73,23 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def serve_lab(work: Path, tmp_path: Path, config: str = "student") -> Iterator[str]:
+def serve_lab(work: Path, tmp_path: Path, config: str = "student", lang: str = "en") -> Iterator[str]:
     """JupyterLab on ``work`` in ``make lab``'s configuration (``lab/student``; ``"instructor"``:
-    ``make lab-instructor``'s); yields its base URL and stops it, kernels included."""
+    ``make lab-instructor``'s; ``lang="zh"``: ``make lab-zh``'s, whose settings overrides in ``lab/zh/settings``
+    set JupyterLab's locale to zh_CN); yields its base URL and stops it, kernels included."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: install it (Debian: apt-get install chromium) or set CHROMIUM=/path/to/chromium")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("TINYTF_HEADLESS", "MPLBACKEND", "JUPYTER_CONFIG_PATH", "TINYTF_LANG")}
     env |= {"JUPYTER_RUNTIME_DIR": str(tmp_path / f"runtime-{config}"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / f"ws-{config}"),
-            "JUPYTER_CONFIG_PATH": str(ROOT / "lab" / config),
+            "JUPYTER_CONFIG_PATH": str(ROOT / "lab" / config), "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / f"user-settings-{config}-{lang}"),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
     log = tmp_path / f"lab-{config}.log"
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.token=", "--ServerApp.password=",
            f"--port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={work}",
            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if lang == "zh":  # what `make lab-zh` adds to `make lab`
+        cmd.append(f"--LabApp.app_settings_dir={ROOT / 'lab' / 'zh' / 'settings'}")
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -132,19 +135,25 @@ def test_attention_explorer_reacts_in_a_real_browser(lab: tuple[str, str]):
         drive(page, *lab)
 
 
-def open_and_run_all(page, lab: str, name: str) -> None:
-    """Open notebook ``name``, wait for its kernel, and start Run > Run All Cells."""
+# the menu and status-bar words the test clicks and reads, per Lab language (zh: jupyterlab-language-pack-zh-CN)
+LAB_WORDS = {"en": {"idle": "Idle", "run": "Run", "run_all": "Run All Cells", "no": "No"},
+             "zh": {"idle": "空闲", "run": "运行", "run_all": "运行所有单元格", "no": "否"}}
+
+
+def open_and_run_all(page, lab: str, name: str, lang: str = "en") -> None:
+    """Open notebook ``name``, wait for its kernel, and start Run > Run All Cells (in the Lab's language)."""
+    words = LAB_WORDS[lang]
     page.goto(f"{lab}/lab/tree/{name}", wait_until="domcontentloaded")
     page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
     # the kernel must be connected before "Run All": the status bar reads "<kernel name> | Idle"
-    page.get_by_text(re.compile(r"\|\s*Idle\s*$")).first.wait_for(timeout=120_000)
-    no_news = page.get_by_role("button", name="No", exact=True)  # the "Jupyter news?" toast, if it shows
+    page.get_by_text(re.compile(rf"\|\s*{words['idle']}\s*$")).first.wait_for(timeout=120_000)
+    no_news = page.get_by_role("button", name=words["no"], exact=True)  # the "Jupyter news?" toast, if it shows
     if no_news.count():
         no_news.first.click()
     started = page.locator(".jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]"))
     for _attempt in range(3):  # a Run All issued while the kernel is still connecting can be dropped
-        page.locator(".lm-MenuBar-item", has_text="Run").first.click()  # menu Run > Run All Cells
-        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        page.locator(".lm-MenuBar-item", has_text=re.compile(rf"^{words['run']}")).first.click()  # menu Run > Run All Cells
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{words['run_all']}$")).click()
         try:
             started.first.wait_for(timeout=20_000)
             break
@@ -230,3 +239,27 @@ def test_the_student_lab_has_the_students_tools_only(tmp_path: Path):
         page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Nbgrader$")).first.wait_for(timeout=30_000)
         tools = _student_tools(page)
         assert tools["Nbgrader menu"] and tools["Create Assignment panel"], f"make lab-instructor keeps nbgrader's tools: {tools}"
+
+
+def test_the_chinese_lab_speaks_chinese(tmp_path: Path):
+    """``make lab-zh``: JupyterLab's own menus in Chinese (文件, 编辑, from the zh_CN language pack), no instructor
+    tools, and a Chinese chapter running on the tinytf kernel."""
+    work = tmp_path / "zh"
+    work.mkdir()
+    shutil.copy(CHAPTERS["zh"], work / CHAPTER.name)
+    with serve_lab(work, tmp_path, "student", lang="zh") as base, browser_page("zh-lab") as page:
+        open_and_run_all(page, base, CHAPTER.name, lang="zh")
+        menus = page.locator(".lm-MenuBar-item").all_inner_texts()
+        assert len(menus) >= 6, menus
+        for word in ("文件", "编辑", "运行", "内核"):
+            assert any(m.strip().startswith(word) for m in menus), f"no Chinese menu {word!r} in {menus}"
+        assert not any(m.strip().startswith(("File", "Edit")) for m in menus), menus
+        assert page.locator(".jp-StatusBar-Widget", has_text="Python (tinytf)").count(), "the chapter runs on the tinytf kernel"
+        assert not {tool: n for tool, n in _student_tools(page).items() if n}, "the Chinese Lab is the student's Lab"
+        assert page.get_by_text("注意力（Attention）").count(), "the Chinese chapter is open"
+        tokens = page.locator(".jp-OutputArea-output", has_text=re.compile(r"^12 tokens: 猫 坐 在"))
+        tokens.first.wait_for(timeout=150_000)
+        page.locator(".lm-MenuBar-item", has_text=re.compile("^文件")).first.click()
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(SHOTS / "zh_lab.png"))
+        page.keyboard.press("Escape")
