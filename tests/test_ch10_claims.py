@@ -131,6 +131,25 @@ def test_fused_cpu_kernel_scratch_and_operator_calls_at_t1024(text):
            {"en": f"{stats.computed} tiles at `T = 1024`", "zh": f"`T = 1024` 时共 {stats.computed} 块"})
 
 
+def _fused_scratch(q, k, v, threads: int) -> int:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    finally:
+        torch.set_num_threads(before)
+    [kernel] = [e for e in prof.events() if e.name.startswith("aten::_scaled_dot_product_flash_attention")]
+    return -kernel.self_cpu_memory_usage  # allocated and freed inside the kernel itself
+
+
+def test_fused_cpu_scratch_is_per_thread(text):
+    q, k, v = (torch.randn(1, 4, 1024, 64) for _ in range(3))
+    one, two = _fused_scratch(q, k, v, 1), _fused_scratch(q, k, v, 2)
+    assert one > 0 and two == 2 * one
+    stated(text, {"en": "buffers per thread", "zh": "按线程分配"})
+
+
 def test_block_sweep_numbers(text):
     def entries(t: int, b: int) -> int:
         n = -(-t // b)
