@@ -40,8 +40,6 @@ KNOWN_DRIFT: dict[str, str] = {  # one line per notebook
     "exercises/zh/ex08_char_lm.ipynb": "hard line breaks (25); gloss in a gloss (3)",
     "exercises/zh/ex09_tiled_attention.ipynb": "得分 -> 分数 (5); 运行最大值 -> 累计最大值 / 累计和 (2); hard line breaks (20); 形状 -> shape (1)",  # noqa: E501
     "exercises/zh/ex10_grouped_query.ipynb": "hard line breaks (17); 形状 -> shape (2); 得分 -> 分数 (1)",
-    "notebooks/zh/10_tiled_attention.ipynb": "重计算 -> 重算 (1)",
-    "notebooks/zh/11_smaller_kv_caches.ipynb": "重新计算 -> 重算 (4); 形状 -> shape (4); 一批 -> batch (1); 内存带宽 -> 显存带宽 (1); 末端对齐 -> 末尾对齐 (1)",  # noqa: E501
     "solutions/zh/ex01_by_hand.ipynb": "hard line breaks (1); 形状 -> shape (1)",
     "solutions/zh/ex03_heads.ipynb": "hard line breaks (1); kernel -> 内核 (2); 批量 -> batch (1)",
     "solutions/zh/ex06_explicit_vs_sdpa.ipynb": "kernel -> 内核 (1)",
