@@ -14,8 +14,8 @@ student and exercise:
    ``RLIMIT_AS`` per process, everything killed at the end (:func:`tinytf.course.sandbox.run_limited`'s
    limits). Hidden tests call ``record(...)`` into the job's ``TINYTF_RECORD_DIR``.
 2. *Finish* (no student code): ``jobs`` clean ``python -I -m tinytf.course.finish`` processes,
-   started with the run, judge every test cell and write the feedback pages
-   (:mod:`tinytf.course.finish`), each job as soon as its sandbox has ended.
+   once every sandbox has ended, judge every test cell and write the feedback pages
+   (:mod:`tinytf.course.finish`); the jobs go to them on stdin.
 3. The parent writes the gradebook (:mod:`tinytf.course.gradebook`): ``grades.csv``,
    ``grades_per_cell.csv``, ``feedback/<student>/<exercise>.html`` and ``summary.txt``.
 
@@ -162,9 +162,8 @@ def _sandbox_one(ctx: _Context, student: str, student_dir: Path, ex: str) -> Exe
 
 
 class _Finishers:
-    """``jobs`` clean judging processes (``python -I -m tinytf.course.finish``), started with the run:
-    each job goes to one of them as soon as its sandbox has ended, so judging and feedback overlap
-    with the sandboxes still running."""
+    """``jobs`` clean judging processes (``python -I -m tinytf.course.finish``); :meth:`send` gives
+    each job to the least loaded one."""
 
     def __init__(self, ctx: _Context, jobs: int) -> None:
         cmd = [sys.executable, "-I", "-c", _FINISH_MAIN, "--course", str(ctx.courses["en"])]
@@ -258,7 +257,6 @@ def _run_all(ctx: _Context, students: list[Path], exercises: list[str], jobs: in
     tasks = [(s.name, s, ex) for s in students for ex in exercises]
     results: list[ExerciseResult] = []
     pending: list[dict] = []
-    finishers = _Finishers(ctx, jobs)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(_sandbox_one, ctx, *t): t for t in tasks}
         bar = tqdm(total=len(tasks), desc="grading", unit="notebook", disable=not progress)
@@ -268,15 +266,16 @@ def _run_all(ctx: _Context, students: list[Path], exercises: list[str], jobs: in
                 got = fut.result()
             except Exception as err:  # noqa: BLE001 - the run finishes whatever happens
                 got = _whole(ctx, ex, student, "error", f"grader error: {type(err).__name__}: {err}"[:300])
-            if isinstance(got, ExerciseResult):
-                results.append(got)
-            else:
-                pending.append(got)
-                finishers.send(got)
+            (results if isinstance(got, ExerciseResult) else pending).append(got)
             bar.update(1)
         bar.close()
-    _finish_all(ctx, finishers)
+    # judged once every sandbox has ended: judging processes started earlier compete with the first kernels
+    # for the CPU, and on a busy machine a kernel then misses nbclient's 4 s IOPub timeout
     pending.sort(key=lambda it: (it["student"], it["exercise"]))
+    finishers = _Finishers(ctx, jobs)
+    for item in pending:
+        finishers.send(item)
+    _finish_all(ctx, finishers)
     return results + [_collect(ctx, item) for item in pending]
 
 

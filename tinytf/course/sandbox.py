@@ -276,12 +276,12 @@ class ForkServer:
         token = uuid.uuid4().hex
         req = {"argv": cmd[1:], "cwd": str(cwd), "env": dict(env, **{JOB_ENV: token}), "log": str(log) if log else "",
                "memory_mb": limits.memory_mb, "file_mb": limits.file_mb}
-        start = time.monotonic()
         try:
-            if self._state == "starting":
+            if self._state == "starting":  # the server's imports are not the job's time
                 self._state = "ready" if self._line(None) == "ready" else "dead"
             if self._state != "ready":
                 raise EOFError
+            start = time.monotonic()
             _write(self._proc.stdin.fileno(), (json.dumps(req) + "\n").encode())
             pid = int(self._line(None).split()[1])
         except (OSError, EOFError, ValueError, IndexError):
