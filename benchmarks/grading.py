@@ -7,13 +7,21 @@ regions filled in), then measures
   included) — the floor no grader can beat;
 * ``grade``: one ``tinytf.course.grade.grade`` run over all of them with ``--jobs JOBS``: wall time,
   the time per notebook (wall x jobs / notebooks), and its phases: building the course root,
-  the sandboxes (per job: the whole ``run_limited`` process and, from nbclient's cell timing
-  metadata, the cells themselves), and the clean judging/feedback processes.
+  the sandboxes (per job: the whole sandboxed process and, from nbclient's cell timing
+  metadata, the cells themselves), and the wait for the clean judging/feedback processes;
+* ``nbgrader``: the anchor an instructor would otherwise use — ``nbgrader autograde EX --force``
+  (nbgrader's own command line, one exercise at a time, every student) on the same notebooks in a
+  copy of the same course root: one notebook after another, no limits, no clean-process judging
+  and no feedback pages; its time per notebook is wall / notebooks.
+
+``--cold`` clears the cached course roots first, so ``grade`` builds them (a one-time cost per
+version of the solutions, which a class of hundreds of submissions does not notice).
 
 Writes build/bench/grading.json with the conditions (CPU count, load average, jobs). Timings on a
 shared machine are noisy: compare runs made under the same load.
 
-    python benchmarks/grading.py [--students 2] [--jobs 2] [--exercises ex01 ex02 ...] [--out build/bench]
+    python benchmarks/grading.py [--students 2] [--jobs 2] [--exercises ex01 ex02 ...] [--cold] [--skip-nbgrader]
+                                 [--out build/bench]
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the notebook surgery helpers of the c
 import _coursekit as K  # noqa: E402
 
 from tinytf.course import grade as grade_mod  # noqa: E402
-from tinytf.course.nbgrader_root import find_notebooks  # noqa: E402
+from tinytf.course.nbgrader_root import CACHE, cached_course_root, find_notebooks  # noqa: E402
 from tinytf.course.notebook import kernel_config  # noqa: E402
 
 
@@ -122,30 +130,75 @@ def grade_run(subs: Path, out: Path, jobs: int, exercises: list[str] | None) -> 
             "cells_mean_s": round(sum(j["cells_s"] for j in per_job) / max(1, len(per_job)), 2), "jobs": per_job}
 
 
+def nbgrader_run(subs: Path, exercises: list[str]) -> dict:
+    """``nbgrader autograde EX --force`` for each exercise over every student of ``subs``."""
+    import subprocess
+
+    root = Path(tempfile.mkdtemp(prefix="tinytf-bench-nbgrader-")) / "course"
+    shutil.copytree(cached_course_root(REPO / "solutions", exercises, "en", released=REPO / "exercises"), root)  # grade's own
+    n = 0
+    for student in sorted(p for p in subs.iterdir() if p.is_dir()):
+        for nb in sorted(student.glob("ex*.ipynb")):
+            dest = root / "submitted" / student.name / nb.name[:4] / nb.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(nb, dest)
+            n += 1
+    exe = Path(sys.executable).parent / "nbgrader"
+    env = dict(os.environ, PATH=f"{exe.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    flags = [f"--CourseDirectory.root={root}", "--CourseDirectory.course_id=tinytf", f"--CourseDirectory.db_url=sqlite:///{root / 'gradebook.db'}",
+             "--Execute.timeout=60", "--Execute.kernel_name=python3", f"--Exchange.root={root / 'exchange'}"]
+    start = time.perf_counter()
+    failed = [ex for ex in exercises if subprocess.run([str(exe), "autograde", ex, "--force", *flags], cwd=root, env=env,
+                                                        stdin=subprocess.DEVNULL, capture_output=True).returncode != 0]
+    wall = time.perf_counter() - start
+    graded = len(list(root.glob("autograded/*/*/*.ipynb")))
+    shutil.rmtree(root.parent, ignore_errors=True)
+    return {"notebooks": n, "graded": graded, "failed_exercises": failed, "wall_s": round(wall, 2), "per_notebook_s": round(wall / max(1, n), 2)}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--exercises", nargs="*", default=None)
     parser.add_argument("--skip-own", action="store_true", help="do not time the notebooks on their own")
+    parser.add_argument("--skip-nbgrader", action="store_true", help="do not time nbgrader autograde")
+    parser.add_argument("--cold", action="store_true", help="clear the cached course roots first (grade builds them)")
     parser.add_argument("--out", default="build/bench")
     args = parser.parse_args(argv)
     os.environ.update(TINYTF_HEADLESS="1", MPLBACKEND="Agg", OMP_NUM_THREADS="1")
     tmp = Path(tempfile.mkdtemp(prefix="tinytf-bench-subs-"))
     one = build_submissions(tmp / "subs", args.students, args.exercises)
     own = {} if args.skip_own else {ex: round(own_run_seconds(p), 2) for ex, p in sorted(one.items())}
+    if args.cold:
+        shutil.rmtree(CACHE, ignore_errors=True)
+    else:  # built before the clock starts: the one-time cost a class does not notice (--cold includes it)
+        for lang, (sols, rel) in {"en": ("solutions", "exercises"), "zh": ("solutions", "exercises/zh")}.items():
+            cached_course_root(REPO / sols, sorted(one), lang, released=REPO / rel)
+    load_before = os.getloadavg()
     run = grade_run(tmp / "subs", tmp / "out", args.jobs, args.exercises)
+    anchor = None if args.skip_nbgrader else nbgrader_run(tmp / "subs", sorted(one))
     shutil.rmtree(tmp, ignore_errors=True)
     own_mean = sum(own.values()) / len(own) if own else None
-    report = {"conditions": {"cpus": os.cpu_count(), "loadavg": os.getloadavg(), "jobs": args.jobs, "students": args.students,
-                             "exercises": sorted(one), "python": sys.version.split()[0]},
-              "own_s": own, "own_mean_s": own_mean and round(own_mean, 2), "grade": run}
+    report = {"conditions": {"cpus": os.cpu_count(), "loadavg_start": load_before, "loadavg_end": os.getloadavg(), "jobs": args.jobs,
+                             "students": args.students, "exercises": sorted(one), "cold_course_roots": args.cold,
+                             "python": sys.version.split()[0]},
+              "own_s": own, "own_mean_s": own_mean and round(own_mean, 2), "grade": run, "nbgrader": anchor}
+    if own_mean:
+        report["grade_over_own"] = round(run["per_notebook_s"] / own_mean, 2)
+        if anchor:
+            report["nbgrader_over_own"] = round(anchor["per_notebook_s"] / own_mean, 2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grading.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(f"{run['notebooks']} notebooks, jobs={args.jobs}: wall {run['wall_s']} s, {run['per_notebook_s']} s per notebook "
           f"(sandbox {run['sandbox_mean_s']} s, of which cells {run['cells_mean_s']} s; own run {report['own_mean_s']} s); "
           f"phases {run['phases_s']}; statuses {run['statuses']}; load {os.getloadavg()[0]:.1f}")
+    if anchor:
+        print(f"nbgrader autograde: {anchor['per_notebook_s']} s per notebook ({anchor['graded']}/{anchor['notebooks']} graded)")
+    if own_mean:
+        print(f"per notebook over its own run: tinytf grade {report['grade_over_own']}x"
+              + (f", nbgrader autograde {report['nbgrader_over_own']}x" if anchor else ""))
     return report
 
 

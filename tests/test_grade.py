@@ -21,7 +21,7 @@ import pytest
 from tinytf.course.grade import STATUSES, classify_test_cell, grade, sanitize_for_feedback, summary_text
 from tinytf.course.nbgrader_root import REPO
 from tinytf.course.release import release
-from tinytf.course.sandbox import Limits, run_limited
+from tinytf.course.sandbox import ForkServer, Limits, run_limited
 
 CELL_TIMEOUT, NOTEBOOK_TIMEOUT = 10, 45
 HAVE = all((REPO / d / f).exists() for d in ("exercises", "solutions") for f in ("ex01_by_hand.ipynb", "ex07_kv_cache.ipynb"))
@@ -242,6 +242,68 @@ def test_sandbox_stops_a_loop_at_the_wall_limit_and_limits_memory(tmp_path):
     assert res.timed_out and res.returncode is None, "an endless loop is stopped by the limit, never finishes by itself"
     res = run_limited([sys.executable, "-c", "b = bytearray(2 * 1024 ** 3)"], Limits(timeout=300, memory_mb=512), log=tmp_path / "log")
     assert not res.timed_out and res.returncode != 0 and "MemoryError" in (tmp_path / "log").read_text()
+
+
+def _script(tmp_path: Path, body: str) -> list[str]:
+    path = tmp_path / f"job{len(list(tmp_path.glob('job*.py')))}.py"
+    path.write_text(textwrap.dedent(body), encoding="utf-8")
+    return [sys.executable, str(path)]
+
+
+def test_fork_server_jobs_get_the_limits_and_leave_nothing_behind(tmp_path):
+    import os
+
+    server = ForkServer(["json"])
+    try:
+        env = dict(os.environ)
+        res = server.run(_script(tmp_path, "while True:\n    pass"), Limits(timeout=1, memory_mb=1024), cwd=tmp_path, env=env)
+        assert res.timed_out and res.returncode is None, "an endless loop is stopped at the wall limit"
+        res = server.run(_script(tmp_path, "b = bytearray(2 * 1024 ** 3)"), Limits(timeout=300, memory_mb=512), cwd=tmp_path,
+                         env=env, log=tmp_path / "mem.log")
+        assert not res.timed_out and res.returncode == 1 and "MemoryError" in (tmp_path / "mem.log").read_text()
+        marker = tmp_path / "child.pid"
+        res = server.run(_script(tmp_path, f"""
+            import os, time
+            if os.fork() == 0:  # forked, not exec'd: it does not carry the job's token in its environment
+                os.setsid()
+                open({str(marker) + ".tmp"!r}, "w").write(str(os.getpid()))
+                os.replace({str(marker) + ".tmp"!r}, {str(marker)!r})
+                time.sleep(3600)
+                os._exit(0)
+            while not os.path.exists({str(marker)!r}):
+                time.sleep(0.01)
+        """), Limits(timeout=300, memory_mb=1024), cwd=tmp_path, env=env)
+        assert not res.timed_out and res.returncode == 0
+        child = int(marker.read_text())
+        deadline = time.monotonic() + 120
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child), "a forked, re-sessioned child of a job survived it"
+    finally:
+        server.close()
+
+
+def test_fork_server_jobs_share_no_state(tmp_path):
+    """Each job is forked from the server's clean state: what one job changes (a preloaded module,
+    the environment, the folder) the next one does not see; each gets its own environment and folder."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    server = ForkServer(["json"])
+    try:
+        first = server.run(_script(tmp_path, """
+            import json, os, sys
+            json.student = "alice"; os.environ["LEFT_BY"] = "alice"; sys.path.append("/alice")
+            print(os.getcwd(), os.environ["WHO"], os.getsid(0) == os.getpid())
+        """), Limits(timeout=300), cwd=tmp_path / "a", env={"WHO": "a", "PATH": "/usr/bin:/bin"}, log=tmp_path / "a.log")
+        second = server.run(_script(tmp_path, """
+            import json, os, sys
+            print(os.getcwd(), os.environ["WHO"], getattr(json, "student", None), os.environ.get("LEFT_BY"), "/alice" in sys.path)
+        """), Limits(timeout=300), cwd=tmp_path / "b", env={"WHO": "b", "PATH": "/usr/bin:/bin"}, log=tmp_path / "b.log")
+    finally:
+        server.close()
+    assert (first.returncode, second.returncode) == (0, 0)
+    assert (tmp_path / "a.log").read_text().split() == [str(tmp_path / "a"), "a", "True"], "its own folder, environment, session"
+    assert (tmp_path / "b.log").read_text().split() == [str(tmp_path / "b"), "b", "None", "None", "False"]
 
 
 def test_feedback_joins_stream_chunks_so_pages_do_not_depend_on_timing():

@@ -16,6 +16,7 @@ import argparse
 import html
 import importlib.util
 import json
+import os
 import re
 import shutil
 import sys
@@ -285,35 +286,53 @@ def _load_judge_files(files: Iterable[str]) -> None:
         spec.loader.exec_module(module)
 
 
-def finish(spec: Path, course: Path, judge_files: Iterable[str] = ()) -> None:
-    """Judge and render feedback for every job listed in ``spec`` (a JSON list), one by one."""
+def _finish_one(item: dict, course: Path) -> None:
+    """Judge one job and write its feedback page and ``<job>/result.json``."""
+    job = Path(item["job"])
+    try:
+        lang, root = item.get("edition", "en"), Path(item.get("course", course))  # the submission's edition
+        cells, note, autograded = judge_cells(job, root, item["exercise"], item["student"], item["name"], Path(item["submission"]))
+        fb = _feedback(job, item["exercise"], item["student"], item["name"], cells, note, autograded, lang)
+        payload = {"note": note, "feedback": str(fb), "cells": [asdict(c) for c in cells]}
+    except Exception as err:  # noqa: BLE001 - one broken job must not stop the others
+        payload = {"error": f"{type(err).__name__}: {err}"[:300]}
+    write_atomic(job / "result.json", json.dumps(payload))
+
+
+def finish(spec: Path | None, course: Path, judge_files: Iterable[str] = ()) -> None:
+    """Judge and render feedback for every job listed in ``spec`` (a JSON list), one by one; with
+    ``spec`` None, for every job read from stdin (one JSON object a line) as the grader sends them,
+    each as soon as its sandbox has ended."""
     from .nbgrader_root import ensure_tool_path
 
     ensure_tool_path()
     _load_judge_files(judge_files)
-    for item in load_json(spec):
-        job = Path(item["job"])
-        try:
-            lang, root = item.get("edition", "en"), Path(item.get("course", course))  # the submission's edition
-            cells, note, autograded = judge_cells(job, root, item["exercise"], item["student"], item["name"], Path(item["submission"]))
-            fb = _feedback(job, item["exercise"], item["student"], item["name"], cells, note, autograded, lang)
-            payload = {"note": note, "feedback": str(fb), "cells": [asdict(c) for c in cells]}
-        except Exception as err:  # noqa: BLE001 - one broken job must not stop the others
-            payload = {"error": f"{type(err).__name__}: {err}"[:300]}
-        write_atomic(job / "result.json", json.dumps(payload))
+    if spec is None:  # what every job needs, imported while the first sandboxes run
+        import nbgrader.apps  # noqa: F401
+
+        from .judges import load_all
+
+        load_all()
+    items = load_json(spec) if spec is not None else (json.loads(line) for line in sys.stdin if line.strip())
+    for item in items:
+        _finish_one(item, course)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -I -m tinytf.course.finish --spec JOBS.json --course ROOT [--judge-file F ...]``."""
+    """``python -I -m tinytf.course.finish [--spec JOBS.json] --course ROOT [--judge-file F ...]``
+    (without ``--spec``: the jobs come on stdin, one JSON object a line)."""
     skip_slow_imports()
     parser = argparse.ArgumentParser(prog="python -m tinytf.course.finish")
-    parser.add_argument("--spec", required=True, help="JSON list of jobs to judge")
+    parser.add_argument("--spec", help="JSON list of jobs to judge (default: one job a line on stdin)")
     parser.add_argument("--course", required=True)
     parser.add_argument("--judge-file", action="append", default=[])
     args = parser.parse_args(argv)
-    finish(Path(args.spec), Path(args.course), args.judge_file)
+    finish(Path(args.spec) if args.spec else None, Path(args.course), args.judge_file)
     return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # every result is written (atomically); the interpreter's shutdown only costs time

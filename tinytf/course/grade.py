@@ -1,17 +1,21 @@
 """``tinytf grade SUBMISSIONS``: a gradebook from a folder of student notebooks, whatever they contain.
 
 Layout: ``SUBMISSIONS/<student>/<exNN_name>.ipynb`` (nbgrader's collected layout
-``SUBMISSIONS/<student>/<exNN>/<exNN_name>.ipynb`` works too). One course root is built per run
-(a fresh gradebook db from the solutions); then for every student and exercise:
+``SUBMISSIONS/<student>/<exNN>/<exNN_name>.ipynb`` works too). One course root per edition, built
+from the solutions once and cached under ``build/course-roots/`` until a solution, a released copy or
+tinytf's source changes (:func:`tinytf.course.nbgrader_root.cached_course_root`); then for every
+student and exercise:
 
 1. *Sandbox* (student code runs here): a private nbgrader course root (a copy of the run's gradebook
    db and the source notebook) and ``nbgrader autograde`` of that one submission
-   (:mod:`tinytf.course.autograde_job`), under :func:`tinytf.course.sandbox.run_limited` — per-cell
-   timeout (nbgrader's ``Execute.timeout``), a whole-notebook wall limit, ``RLIMIT_AS`` per process,
-   everything killed at the end. Hidden tests call ``record(...)`` into the job's ``TINYTF_RECORD_DIR``.
-2. *Finish* (no student code): ``jobs`` clean ``python -I -m tinytf.course.finish`` processes, each
-   over a share of the jobs, judge every test cell and write the feedback pages
-   (:mod:`tinytf.course.finish`).
+   (:mod:`tinytf.course.autograde_job`) in its own process, forked by a
+   :class:`tinytf.course.sandbox.ForkServer` (nbgrader imported once per worker, never a process that
+   ran a job) — per-cell timeout (nbgrader's ``Execute.timeout``), a whole-notebook wall limit,
+   ``RLIMIT_AS`` per process, everything killed at the end (:func:`tinytf.course.sandbox.run_limited`'s
+   limits). Hidden tests call ``record(...)`` into the job's ``TINYTF_RECORD_DIR``.
+2. *Finish* (no student code): ``jobs`` clean ``python -I -m tinytf.course.finish`` processes,
+   once every sandbox has ended, judge every test cell and write the feedback pages
+   (:mod:`tinytf.course.finish`); the jobs go to them on stdin.
 3. The parent writes the gradebook (:mod:`tinytf.course.gradebook`): ``grades.csv``,
    ``grades_per_cell.csv``, ``feedback/<student>/<exercise>.html`` and ``summary.txt``.
 
@@ -23,6 +27,7 @@ Submissions are only ever read (copied into the job folder).
 from __future__ import annotations
 
 import json
+import queue
 import re
 import shutil
 import subprocess
@@ -37,9 +42,9 @@ from tinytf.language import edition_of
 
 from .finish import CellSpec, classify_test_cell, grade_specs, sanitize_for_feedback
 from .gradebook import STATUSES, CellResult, ExerciseResult, aggregate, summary_text, whole, write_gradebook
-from .nbgrader_root import REPO, build_course_root, ensure_tool_path, find_notebooks, nbgrader_config
+from .nbgrader_root import REPO, cached_course_root, ensure_tool_path, find_notebooks, nbgrader_config
 from .notebook import cells_by_id, load_json, read_notebook, write_atomic
-from .sandbox import Limits, run_limited
+from .sandbox import ForkServer, Limits, run_limited
 from .shard import in_shard, write_shard_info
 
 __all__ = ["STATUSES", "CellSpec", "CellResult", "ExerciseResult", "grade", "grade_specs", "classify_test_cell",
@@ -47,6 +52,11 @@ __all__ = ["STATUSES", "CellSpec", "CellResult", "ExerciseResult", "grade", "gra
 
 _STUDENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,127}$")
 _AUTOGRADE_JOB = Path(__file__).with_name("autograde_job.py")
+# `python -I -m tinytf.course.finish`, of this very tinytf (-I ignores PYTHONPATH and the folder it runs in)
+_FINISH_MAIN = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r}); import runpy; "
+                "runpy.run_module('tinytf.course.finish', run_name='__main__', alter_sys=True)")
+# what the sandbox's fork server imports once (autograde_job's imports), instead of every job
+_PRELOAD = ["nbgrader.apps", "nbgrader.converters", "nbgrader.preprocessors", "nbclient", "jupyter_client.manager"]
 # the steps `benchmarks/grading.py` times (module attributes it wraps)
 BENCH_PHASES = ("_setup", "_sandbox_one", "_finish_all")
 
@@ -62,6 +72,7 @@ class _Context:
     env: dict[str, str]
     judge_files: list[str]
     known_ids: dict[str, set[str]]
+    servers: queue.Queue | None = None  # ForkServers, one per worker (None: a fresh interpreter per job)
 
 
 def _safe_id(name: str) -> str:
@@ -134,7 +145,14 @@ def _sandbox_one(ctx: _Context, student: str, student_dir: Path, ex: str) -> Exe
     env = dict(ctx.env, TINYTF_RECORD_DIR=str(job / "records"), IPYTHONDIR=str(job / ".ipython"), TINYTF_LANG=lang)
     cmd = [sys.executable, str(_AUTOGRADE_JOB), str(job.parent / f"{student}__{ex}.nbgrader.json"), ex, student,
            str(job / "autograde.json")]
-    run = run_limited(cmd, ctx.limits, cwd=job, env=env, log=job / "autograde.log")
+    if ctx.servers is None:
+        run = run_limited(cmd, ctx.limits, cwd=job, env=env, log=job / "autograde.log")
+    else:
+        server = ctx.servers.get()
+        try:
+            run = server.run(cmd, ctx.limits, cwd=job, env=env, log=job / "autograde.log")
+        finally:
+            ctx.servers.put(server)
     write_atomic(job / "sandbox.json", json.dumps({"timed_out": run.timed_out, "returncode": run.returncode,
                                                    "seconds": run.seconds, "limit": ctx.limits.timeout}))
     if run.timed_out:
@@ -143,25 +161,49 @@ def _sandbox_one(ctx: _Context, student: str, student_dir: Path, ex: str) -> Exe
             "edition": lang, "course": str(ctx.courses[lang])}
 
 
-def _finish_all(ctx: _Context, items: list[dict], jobs: int) -> None:
-    """Run the clean judging processes: ``jobs`` interpreters, each over a share of the items."""
-    chunks = [items[i::jobs] for i in range(jobs) if items[i::jobs]]
+class _Finishers:
+    """``jobs`` clean judging processes (``python -I -m tinytf.course.finish``); :meth:`send` gives
+    each job to the least loaded one."""
 
-    def run(k: int, chunk: list[dict]) -> None:
-        spec = ctx.work / f"finish-{k}.json"
-        spec.write_text(json.dumps(chunk), encoding="utf-8")
-        cmd = [sys.executable, "-I", "-m", "tinytf.course.finish", "--spec", str(spec), "--course", str(ctx.courses["en"])]
+    def __init__(self, ctx: _Context, jobs: int) -> None:
+        cmd = [sys.executable, "-I", "-c", _FINISH_MAIN, "--course", str(ctx.courses["en"])]
         for f in ctx.judge_files:
             cmd += ["--judge-file", f]
         clean_env = {k: v for k, v in ctx.env.items() if k != "TINYTF_RECORD_DIR"}
-        subprocess.run(cmd, cwd=ctx.work, env=clean_env, stdin=subprocess.DEVNULL, capture_output=True, timeout=600 + 120 * len(chunk))
+        self.procs = []
+        for k in range(jobs):
+            with (ctx.work / f"finish-{k}.log").open("wb") as log:
+                self.procs.append(subprocess.Popen(cmd, cwd=ctx.work, env=clean_env, stdin=subprocess.PIPE,
+                                                   stdout=log, stderr=subprocess.STDOUT))
+        self.sent = [0] * jobs
 
-    with ThreadPoolExecutor(max_workers=len(chunks) or 1) as pool:
-        for fut in [pool.submit(run, k, c) for k, c in enumerate(chunks)]:
+    def send(self, item: dict) -> None:
+        k = self.sent.index(min(self.sent))
+        self.sent[k] += 1
+        try:
+            self.procs[k].stdin.write((json.dumps(item) + "\n").encode())
+            self.procs[k].stdin.flush()
+        except OSError:
+            pass  # a judging process that died: its jobs are reported as grader errors
+
+    def close(self) -> None:
+        for proc in self.procs:
             try:
-                fut.result()
-            except subprocess.TimeoutExpired:
-                pass  # the jobs without result.json are reported as grader errors
+                proc.stdin.close()
+            except OSError:
+                pass
+
+
+def _finish_all(ctx: _Context, finishers: _Finishers) -> None:
+    """Wait for the judging processes to judge every job sent to them (a job without result.json
+    is reported as a grader error)."""
+    finishers.close()
+    for proc, n in zip(finishers.procs, finishers.sent):
+        try:
+            proc.wait(timeout=600 + 120 * n)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _collect(ctx: _Context, item: dict) -> ExerciseResult:
@@ -189,25 +231,19 @@ def _base_env() -> dict[str, str]:
     return env
 
 
-def _course_root(sols: dict[str, Path], root: Path, released: Path | None) -> dict[str, str]:
-    """One edition's course root (generate_assignment of every exercise) with the released copies."""
-    _, names = build_course_root(sols, root)  # a fresh gradebook db every run
-    for name in names.values():
-        if released and (released / name).is_file():
-            (root / "released-earlier").mkdir(exist_ok=True)
-            shutil.copyfile(released / name, root / "released-earlier" / name)
-    return names
-
-
-def _setup(sols: dict[str, dict[str, Path]], work: Path, released: str | Path | None) -> tuple[dict[str, Path], dict[str, str], dict, dict]:
-    """The run's course roots, one per edition (``sols``: edition -> {exercise: solution}), built once,
-    and the graded cells (the same in both editions: the twin tests keep them so)."""
+def _setup(solutions: Path, sols: dict[str, dict[str, Path]], work: Path, released: str | Path | None
+           ) -> tuple[dict[str, Path], dict[str, str], dict, dict]:
+    """The run's course roots, one per edition (``sols``: edition -> {exercise: solution}), built once
+    and cached (:func:`tinytf.course.nbgrader_root.cached_course_root`), and the graded cells (the
+    same in both editions: the twin tests keep them so)."""
     courses: dict[str, Path] = {}
-    names: dict[str, str] = {}
     for lang, found in sols.items():
         rel = (Path(released) / "zh" if lang == "zh" else Path(released)) if released else None
-        courses[lang] = work / ("course" if lang == "en" else f"course-{lang}")
-        names = _course_root(found, courses[lang], rel) or names  # the same file names in every edition
+        try:
+            courses[lang] = cached_course_root(solutions, sorted(found), lang, released=rel)
+        except OSError:  # build/ not writable (an installed tinytf): a root for this run only
+            courses[lang] = cached_course_root(solutions, sorted(found), lang, released=rel, cache=work / "course-roots")
+    names = {ex: p.name for ex, p in sols["en"].items()}  # the same file names in every edition
     notebooks = {ex: load_json(p) for ex, p in sols["en"].items()}
     specs = {ex: grade_specs(nb) for ex, nb in notebooks.items()}
     known = {ex: set(cells_by_id(nb)) for ex, nb in notebooks.items()}
@@ -233,8 +269,13 @@ def _run_all(ctx: _Context, students: list[Path], exercises: list[str], jobs: in
             (results if isinstance(got, ExerciseResult) else pending).append(got)
             bar.update(1)
         bar.close()
+    # judged once every sandbox has ended: judging processes started earlier compete with the first kernels
+    # for the CPU, and on a busy machine a kernel then misses nbclient's 4 s IOPub timeout
     pending.sort(key=lambda it: (it["student"], it["exercise"]))
-    _finish_all(ctx, pending, jobs)
+    finishers = _Finishers(ctx, jobs)
+    for item in pending:
+        finishers.send(item)
+    _finish_all(ctx, finishers)
     return results + [_collect(ctx, item) for item in pending]
 
 
@@ -281,16 +322,23 @@ def grade(
     if shard is not None:
         students = [p for p in students if in_shard(p.name, *shard)]
     work = Path(tempfile.mkdtemp(prefix="tinytf-grade-"))
+    servers: list[ForkServer] = []
     try:
-        courses, names, specs, known = _setup(editions, work, released)
+        env, jobs = _base_env(), max(1, int(jobs))
+        servers = [ForkServer(_PRELOAD, env) for _ in range(min(jobs, len(students) * len(sols)))]  # importing meanwhile
+        courses, names, specs, known = _setup(Path(solutions), editions, work, released)
         limit = float(notebook_timeout) if notebook_timeout else max(120.0, 4.0 * timeout)
-        ctx = _Context(courses, work, names, specs, int(timeout), Limits(limit, memory_mb), _base_env(),
-                       [str(Path(f).resolve()) for f in judge_files], known)
-        results = _run_all(ctx, students, sorted(sols), max(1, int(jobs)), progress)
+        ctx = _Context(courses, work, names, specs, int(timeout), Limits(limit, memory_mb), env,
+                       [str(Path(f).resolve()) for f in judge_files], known, queue.Queue())
+        for server in servers:
+            ctx.servers.put(server)
+        results = _run_all(ctx, students, sorted(sols), jobs, progress)
         write_gradebook(results, out)
         if shard is not None:
             write_shard_info(out, shard, sorted(sols), [p.name for p in students])
     finally:
+        for server in servers:
+            server.close()
         if keep_work:
             print(f"work folder kept: {work}", file=sys.stderr)
         else:

@@ -11,12 +11,17 @@ holds the single notebook ``exNN_name.ipynb``. So a course root looks like::
     root/autograded/<student>/ex01/...         (autograde)
     root/feedback/<student>/ex01/...html       (generate_feedback)
 
+:func:`cached_course_root` keeps built roots under ``build/course-roots/<key>/``, keyed by a hash of
+the solutions, the released copies, tinytf's source and nbgrader's version: a grading run (or a
+test session) builds each edition's root once, and any edit to those inputs rebuilds it.
+
 Everything is configured programmatically (no ``nbgrader_config.py`` is read). The notebook
 helpers (reading, deterministic writing, cell metadata) are in :mod:`tinytf.course.notebook`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -38,10 +43,15 @@ __all__ = [
     "api",
     "ensure_tool_path",
     "build_course_root",
+    "course_root_key",
+    "cached_course_root",
 ]
 
 COURSE_ID = "tinytf"
 REPO = Path(__file__).resolve().parents[2]
+PACKAGE = Path(__file__).resolve().parents[1]  # tinytf/: its source is part of a cached root's key
+CACHE = REPO / "build" / "course-roots"
+_KEEP = 12  # cached roots kept (the most recently used)
 _EX = re.compile(r"^(ex\d\d)(?:_[A-Za-z0-9_-]*)?$")
 
 
@@ -101,6 +111,7 @@ def nbgrader_config(root: str | os.PathLike, *, timeout: int = 60, max_output_li
     c.Execute.timeout = int(timeout)
     c.Execute.execute_retries = 0  # a notebook that kills its kernel is not retried
     c.Execute.interrupt_on_timeout = True
+    c.Execute.shutdown_kernel = "immediate"  # every output is in; a graceful shutdown only waits (1-3 s)
     c.Execute.kernel_name = "python3"  # this interpreter's own kernel, whatever kernelspec the notebook names
     c.LimitOutput.max_lines = max_output_lines
     c.LimitOutput.max_traceback = 60
@@ -151,3 +162,70 @@ def build_course_root(solutions: dict[str, Path], root: str | os.PathLike | None
         if not result.get("success"):
             raise RuntimeError(f"nbgrader generate_assignment {ex} failed:\n{result.get('log', '')}\n{result.get('error', '')}")
     return root, names
+
+
+def _edition_folder(solutions_dir: Path, edition: str) -> Path:
+    return solutions_dir if edition == "en" else solutions_dir / edition
+
+
+def course_root_key(solutions: dict[str, Path], released: str | os.PathLike | None = None,
+                    source: str | os.PathLike = PACKAGE) -> str:
+    """A hash of what a course root is built from: each solution notebook (name and bytes), the
+    released copies of the same names in ``released``, every ``*.py`` of tinytf's ``source`` and
+    nbgrader's version."""
+    from importlib.metadata import version
+
+    h = hashlib.sha256(f"nbgrader {version('nbgrader')}\n".encode())
+    for ex, path in sorted(solutions.items()):
+        h.update(f"solution {ex} {Path(path).name}\n".encode() + Path(path).read_bytes())
+        copy = Path(released) / Path(path).name if released else None
+        if copy is not None and copy.is_file():
+            h.update(f"released {copy.name}\n".encode() + copy.read_bytes())
+    for py in sorted(Path(source).rglob("*.py")):
+        h.update(f"source {py.relative_to(source).as_posix()}\n".encode() + py.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def _prune(cache: Path, keep: int) -> None:
+    roots = sorted((p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime)
+    for old in roots[:-keep] if len(roots) > keep else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def cached_course_root(solutions_dir: str | os.PathLike = REPO / "solutions", exercises: Iterable[str] | None = None,
+                       edition: str = "en", *, released: str | os.PathLike | None = None,
+                       cache: str | os.PathLike = CACHE) -> Path:
+    """The course root of ``edition``'s solutions (``solutions_dir`` for ``"en"``, ``solutions_dir/zh``
+    for ``"zh"``), optionally only ``exercises``, with ``released/<name>`` copied to
+    ``released-earlier/`` (``released``: that edition's folder of student versions).
+
+    Built once into ``cache/<key>/`` (:func:`course_root_key`) and reused while no solution, released
+    copy, tinytf source file or the nbgrader version changes; a change gets a new key, so a new root.
+    Callers only read the root (jobs copy its ``gradebook.db``). Concurrent builders are safe: each
+    builds in a private folder and renames it into place; the first one wins.
+    """
+    sols = find_notebooks(_edition_folder(Path(solutions_dir), edition), exercises)
+    if not sols:
+        raise FileNotFoundError(f"no exNN_*.ipynb in {_edition_folder(Path(solutions_dir), edition)}")
+    cache = Path(cache)
+    root = cache / course_root_key(sols, released)
+    if (root / "gradebook.db").is_file():
+        os.utime(root)  # recently used: kept by _prune
+        return root
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=cache))
+    try:
+        build_course_root(sols, tmp)
+        for path in sols.values():
+            if released and (Path(released) / path.name).is_file():
+                (tmp / "released-earlier").mkdir(exist_ok=True)
+                shutil.copyfile(Path(released) / path.name, tmp / "released-earlier" / path.name)
+        try:
+            os.rename(tmp, root)
+        except OSError:  # another process put the same root in place first
+            if not (root / "gradebook.db").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _prune(cache, _KEEP)
+    return root

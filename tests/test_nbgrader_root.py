@@ -1,0 +1,56 @@
+"""The cached course roots (build/course-roots/<key>/): built once, reused, and rebuilt by any change
+to what they are built from — a cache may never hide an edited solution."""
+
+from __future__ import annotations
+
+import json
+
+import _coursekit as K
+
+from tinytf.course.nbgrader_root import cached_course_root, course_root_key, find_notebooks
+
+
+def _edit_solution(path, old: str, new: str) -> None:
+    nb = K.load(path)
+    cell = next(c for c in nb["cells"] if old in K.src(c))
+    cell["source"] = K.src(cell).replace(old, new)
+    K.save(nb, path)
+
+
+def test_a_cached_root_is_reused_until_a_solution_changes(tmp_path):
+    sols = tmp_path / "solutions"
+    K.toy_solution(sols)
+    cache = tmp_path / "cache"
+    first = cached_course_root(sols, ["ex90"], "en", cache=cache)
+    db = first / "gradebook.db"
+    assert db.is_file() and (first / "release" / "ex90" / "ex90_toy.ipynb").is_file()
+    built = db.stat().st_mtime_ns
+    again = cached_course_root(sols, ["ex90"], "en", cache=cache)
+    assert again == first and db.stat().st_mtime_ns == built, "the same inputs reuse the root as it is"
+    _edit_solution(sols / "ex90_toy.ipynb", "return 2 * x", "return x + x")
+    edited = cached_course_root(sols, ["ex90"], "en", cache=cache)
+    assert edited != first, "an edited solution gets a new root"
+    source = json.loads((edited / "source" / "ex90" / "ex90_toy.ipynb").read_text(encoding="utf-8"))
+    assert any("return x + x" in K.src(c) for c in source["cells"])
+    released = (edited / "release" / "ex90" / "ex90_toy.ipynb").read_text(encoding="utf-8")
+    assert "return x + x" not in released and "YOUR CODE HERE" in released, "and its release is generated anew"
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == sorted([first.name, edited.name])
+
+
+def test_the_key_covers_solutions_released_copies_and_tinytf_source(tmp_path):
+    sols = find_notebooks(K.toy_solution(tmp_path / "solutions").parent)
+    assert list(sols) == ["ex90"]
+    pkg = tmp_path / "pkg"
+    (pkg / "course").mkdir(parents=True)
+    (pkg / "course" / "grade.py").write_text("X = 1\n", encoding="utf-8")
+    base = course_root_key(sols, source=pkg)
+    assert course_root_key(sols, source=pkg) == base, "deterministic"
+    (pkg / "course" / "grade.py").write_text("X = 2\n", encoding="utf-8")
+    assert course_root_key(sols, source=pkg) != base, "a change to tinytf's source changes the key"
+    released = tmp_path / "released"
+    released.mkdir()
+    with_release = course_root_key(sols, released, source=pkg)
+    assert with_release == course_root_key(sols, source=pkg), "no released copy: the same key"
+    (released / "ex90_toy.ipynb").write_text("{}", encoding="utf-8")
+    assert course_root_key(sols, released, source=pkg) != with_release, "the released copy is part of the key"
+    assert course_root_key(sols) != course_root_key(sols, source=pkg), "by default the key covers tinytf's own source"
