@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import fcntl
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -336,16 +335,14 @@ def assert_judges_accept(records: dict[str, dict]) -> None:
 CACHE = REPO_ROOT / "build" / "test-cache"
 
 
-def source_key(*paths: Path) -> str:
-    """A hash of every file under ``paths`` (names and bytes) and of nbgrader's version: what a release depends on."""
-    import nbgrader
+def release_key(solutions: Path = REPO_ROOT / "solutions") -> str:
+    """What a release of both editions depends on: every solution notebook of ``solutions/`` and
+    ``solutions/zh/``, tinytf's source and nbgrader's version (the course roots' own key)."""
+    from tinytf.course.nbgrader_root import course_root_key, find_notebooks
 
-    h = hashlib.sha256(f"nbgrader {nbgrader.__version__}".encode())
-    for top in paths:
-        files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-        for f in files:
-            h.update(str(f.relative_to(top.parent)).encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+    both = {f"{lang}/{ex}": p for lang, folder in (("en", solutions), ("zh", solutions / "zh"))
+            for ex, p in find_notebooks(folder).items()}
+    return course_root_key(both)
 
 
 @contextlib.contextmanager
@@ -362,19 +359,21 @@ def _locked(path: Path):
 def fresh_release(lang: str = "en") -> Path:
     """The folder of a release of every exercise of edition ``lang`` made from today's solutions.
 
-    Made once and kept under ``build/test-cache/`` by a key over the solutions, the tinytf package and
-    nbgrader's version: editing a solution (or the release code) gives a new key and so a new release;
-    a stale copy is never used. Several xdist workers wait for one another instead of releasing twice.
-    Read-only for the tests: copy what you change.
+    Laid out like ``exercises/``: the English release at the top, the Chinese one in ``zh/`` (so
+    ``fresh_release("en")`` is also the ``released=`` folder of a class that mixes the editions).
+    Made once and kept under ``build/test-cache/`` by a key over the solutions (both editions), the
+    tinytf package and nbgrader's version: editing a solution (or the release code) gives a new key and
+    so a new release; a stale copy is never used. Several xdist workers wait for one another instead of
+    releasing twice. Read-only for the tests: copy what you change.
     """
     from tinytf.course.release import EDITION_FOLDERS, release
 
-    src = REPO_ROOT / EDITION_FOLDERS[lang][0]
-    key = source_key(src, REPO_ROOT / "tinytf")
-    folder = CACHE / f"released-{lang}-{key}"
-    with _locked(CACHE / f"released-{lang}.lock"):
-        if not (folder / ".complete").exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            release(src, folder)
-            (folder / ".complete").write_text(key)
-    return folder
+    key = release_key()
+    root = CACHE / f"released-{key}"
+    with _locked(CACHE / "released.lock"):
+        if not (root / ".complete").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            for src, out in EDITION_FOLDERS.values():
+                release(REPO_ROOT / src, root / Path(out).relative_to("exercises"))
+            (root / ".complete").write_text(key)
+    return root / Path(EDITION_FOLDERS[lang][1]).relative_to("exercises")

@@ -14,8 +14,9 @@ import pytest
 from tinytf.checks import Pitfall
 from tinytf.course.grade import grade
 from tinytf.course.nbgrader_root import REPO
-from tinytf.course.release import release
 from tinytf.course.validate import format_report, validate
+
+pytestmark = pytest.mark.grading  # real grading runs: make unit, not make test-fast
 
 EX, NAME = "ex01", "ex01_by_hand.ipynb"
 CASE = json.loads((REPO / "tests" / "corpus" / EX / "divides_by_d.json").read_text(encoding="utf-8"))
@@ -34,10 +35,9 @@ def _with_case(nb: dict, cells: dict[str, str]) -> dict:
 def klass(tmp_path_factory):
     """Released both editions afresh; three students per edition: correct, wrong (the corpus case), tampered."""
     base = tmp_path_factory.mktemp("editions")
-    released = base / "released"
+    released = K.fresh_release("en")  # both editions (zh/ inside), released once per session from today's solutions
     notebooks = {}
     for lang, (src, sub) in FOLDERS.items():
-        release(REPO / src, released / sub, [EX])
         notebooks[lang] = K.solved(K.load(released / sub / NAME), K.load(REPO / src / NAME))
     subs = base / "submissions"
     for lang, nb in notebooks.items():
@@ -48,7 +48,7 @@ def klass(tmp_path_factory):
     grade(subs, base / "out", exercises=[EX], jobs=2, timeout=30, notebook_timeout=120, released=released, progress=False)
     with (base / "out" / "grades.csv").open(newline="", encoding="utf-8") as f:
         rows = {r["student"]: r for r in csv.DictReader(f)}
-    return {"base": base, "rows": rows, "out": base / "out", "subs": subs}
+    return {"base": base, "released": released, "rows": rows, "out": base / "out", "subs": subs}
 
 
 def test_each_edition_is_graded_like_its_twin(klass):
@@ -83,18 +83,18 @@ def test_feedback_pages_speak_the_submission_language(klass):
 
 
 def test_validate_diagnoses_a_chinese_notebook_in_chinese(klass):
-    report = validate(klass["subs"] / "wrong_zh" / NAME, released_dir=klass["base"] / "released" / "zh")
+    report = validate(klass["subs"] / "wrong_zh" / NAME, released_dir=klass["released"] / "zh")
     text = format_report(report)
     assert report.lang == "zh" and not report.ok
     pitfalls = {Pitfall(int(f["pitfall"])) for f in report.findings}
     assert {Pitfall[p] for p in CASE["validate"]["pitfalls"]} <= pitfalls, text
     assert Pitfall.SCALE.label("zh") in text and "修复：" + Pitfall.SCALE.entry.fix_zh in text, text
     assert "结果：未通过" in text and "Result:" not in text and "Test cells" not in text
-    english = format_report(validate(klass["subs"] / "wrong_en" / NAME, released_dir=klass["base"] / "released"))
+    english = format_report(validate(klass["subs"] / "wrong_en" / NAME, released_dir=klass["released"]))
     assert Pitfall.SCALE.label() in english and "Result: FAILED" in english and "修复" not in english
 
 
 def test_a_chinese_release_uses_chinese_stubs(klass):
-    zh = Path(klass["base"] / "released" / "zh" / NAME).read_text(encoding="utf-8")
-    en = Path(klass["base"] / "released" / NAME).read_text(encoding="utf-8")
+    zh = Path(klass["released"] / "zh" / NAME).read_text(encoding="utf-8")
+    en = Path(klass["released"] / NAME).read_text(encoding="utf-8")
     assert "在这里写你的代码" in zh and "YOUR CODE HERE" not in zh and "YOUR CODE HERE" in en

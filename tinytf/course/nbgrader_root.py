@@ -112,6 +112,9 @@ def nbgrader_config(root: str | os.PathLike, *, timeout: int = 60, max_output_li
     c.Execute.execute_retries = 0  # a notebook that kills its kernel is not retried
     c.Execute.interrupt_on_timeout = True
     c.Execute.shutdown_kernel = "immediate"  # every output is in; a graceful shutdown only waits (1-3 s)
+    # nbgrader raises when a cell's output arrives more than iopub_timeout seconds after its reply (nbclient's
+    # default: 4 s); on a busy machine that turned a correct cell into "error". The cell timeout bounds it instead.
+    c.Execute.iopub_timeout = max(int(timeout), 4)
     c.Execute.kernel_name = "python3"  # this interpreter's own kernel, whatever kernelspec the notebook names
     c.LimitOutput.max_lines = max_output_lines
     c.LimitOutput.max_traceback = 60
