@@ -1,5 +1,6 @@
-"""tinytf.course.book without a browser: where executed copies go, what their reuse is keyed on, that
-execution keeps figures as images, how a chapter becomes a page, and the glossary's words for jieba."""
+"""tinytf.course.executed and tinytf.course.book without a browser: where executed copies go, what their
+reuse is keyed on, that execution keeps figures as images, how a chapter becomes a page, and the
+glossary's words for jieba."""
 
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from tinytf.course import book
+from tinytf.course import book, executed
 from tinytf.course.nbgrader_root import REPO
 
 
 def test_executed_copies_are_named_by_their_path():
-    assert book.executed_path(REPO / "notebooks" / "01_attention.ipynb") == book.EXECUTED / "01_attention.ipynb"
-    assert book.executed_path(REPO / "notebooks" / "zh" / "02_masks.ipynb") == book.EXECUTED / "zh" / "02_masks.ipynb"
-    assert (book.executed_path(REPO / "solutions" / "zh" / "ex01_by_hand.ipynb")
-            == book.EXECUTED / "solutions" / "zh" / "ex01_by_hand.ipynb")
+    assert executed.executed_path(REPO / "notebooks" / "01_attention.ipynb") == executed.EXECUTED / "01_attention.ipynb"
+    assert executed.executed_path(REPO / "notebooks" / "zh" / "02_masks.ipynb") == executed.EXECUTED / "zh" / "02_masks.ipynb"
+    assert (executed.executed_path(REPO / "solutions" / "zh" / "ex01_by_hand.ipynb")
+            == executed.EXECUTED / "solutions" / "zh" / "ex01_by_hand.ipynb")
     with pytest.raises(ValueError, match="not in the repository"):
-        book.executed_path(REPO.parent / "elsewhere.ipynb")
+        executed.executed_path(REPO.parent / "elsewhere.ipynb")
 
 
 def test_every_chapter_of_both_editions_is_executed():
@@ -39,14 +40,14 @@ def scratch(tmp_path, monkeypatch):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "mod.py").write_text("x = 1\n")
-    monkeypatch.setattr(book, "PACKAGE", pkg)
-    book._package_digest.cache_clear()
+    monkeypatch.setattr(executed, "PACKAGE", pkg)
+    executed._package_digest.cache_clear()
     nb = new_notebook(cells=[new_code_cell('device = "auto"', metadata={"tags": ["parameters"]}),
                              new_code_cell("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])\nplt.show()")])
     path = folder / "figure.ipynb"
     nbformat.write(nb, path)
     yield path, tmp_path / "executed", pkg
-    book._package_digest.cache_clear()
+    executed._package_digest.cache_clear()
     import shutil
 
     shutil.rmtree(folder, ignore_errors=True)
@@ -54,24 +55,28 @@ def scratch(tmp_path, monkeypatch):
 
 def test_the_key_changes_with_the_notebook_the_package_and_the_device(scratch):
     nb, _, pkg = scratch
-    key = book.execution_key(nb)
-    assert book.execution_key(nb) == key and book.execution_key(nb, "cuda") != key
+    key = executed.execution_key(nb)
+    assert executed.execution_key(nb) == key and executed.execution_key(nb, "cuda") != key
     (pkg / "mod.py").write_text("x = 2\n")
-    book._package_digest.cache_clear()
-    assert book.execution_key(nb) != key, "a library change re-executes"
-    changed = book.execution_key(nb)
+    executed._package_digest.cache_clear()
+    assert executed.execution_key(nb) != key, "a library change re-executes"
+    changed = executed.execution_key(nb)
+    (pkg / "course").mkdir()
+    (pkg / "course" / "book.py").write_text("# the book's builder: no chapter imports it\n")
+    executed._package_digest.cache_clear()
+    assert executed.execution_key(nb) == changed, "editing the book's builder does not re-execute"
     nb.write_text(nb.read_text().replace("[1, 2]", "[1, 3]"))
-    assert book.execution_key(nb) != changed, "a notebook change re-executes"
+    assert executed.execution_key(nb) != changed, "a notebook change re-executes"
 
 
 @pytest.mark.slow  # one papermill run (a few seconds)
 def test_execute_keeps_figures_as_images_and_reuses_only_an_up_to_date_copy(scratch, monkeypatch):
     nb, root, pkg = scratch
-    out = book.execute(nb, root=root)
+    out = executed.execute(nb, root=root)
     done = json.loads(out.read_text(encoding="utf-8"))
     outputs = [o for c in done["cells"] for o in c.get("outputs", [])]
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1, "the figure is an image, not '<Figure size ...>'"
-    assert done["metadata"]["tinytf"]["execution_key"] == book.execution_key(nb)
+    assert done["metadata"]["tinytf"]["execution_key"] == executed.execution_key(nb)
     assert any("injected-parameters" in c["metadata"].get("tags", []) for c in done["cells"])
 
     calls = []
@@ -80,12 +85,12 @@ def test_execute_keeps_figures_as_images_and_reuses_only_an_up_to_date_copy(scra
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "")
 
-    monkeypatch.setattr(book.subprocess, "run", fake_run)
-    assert book.execute(nb, root=root) == out and not calls, "an up-to-date copy is reused"
+    monkeypatch.setattr(executed.subprocess, "run", fake_run)
+    assert executed.execute(nb, root=root) == out and not calls, "an up-to-date copy is reused"
     (pkg / "mod.py").write_text("x = 3\n")
-    book._package_digest.cache_clear()
+    executed._package_digest.cache_clear()
     with pytest.raises(RuntimeError, match="failed"):
-        book.execute(nb, root=root)  # the package changed: executed again (here by the failing fake)
+        executed.execute(nb, root=root)  # the package changed: executed again (here by the failing fake)
     assert len(calls) == 1 and not out.exists(), "a failed run leaves no copy to reuse"
 
 

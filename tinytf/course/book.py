@@ -1,9 +1,8 @@
 """``make book``: the executed chapters as two static sites, one per language, that work offline.
 
-1. Every chapter is executed with papermill into ``build/executed/`` by :func:`execute` (the inline
-   backend, so every figure is a PNG output; widgets as their static figures). A copy is reused when
-   it is newer than its source *and* was executed from the same notebook, the same ``tinytf`` package
-   and the same options (:func:`execution_key`, stored in the copy's metadata).
+1. Every chapter is executed with papermill into ``build/executed/`` by :func:`tinytf.course.executed.execute`
+   (the inline backend, so every figure is a PNG output; widgets as their static figures), reused when
+   newer than its source and executed from the same notebook, ``tinytf`` package and options.
 2. Each language's pages are assembled in ``build/book-src/<lang>/``: a landing page (what the course
    is, the two commands, the chapter map), the executed chapters, the *released* exercises (what to do,
    never how: solutions and hidden tests stay out), the pitfall catalog and the README's section for
@@ -20,31 +19,23 @@ both editions unless notebooks are named).
 from __future__ import annotations
 
 import argparse
-import functools
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .executed import EXECUTED, execute, execute_all
 from .nbgrader_root import REPO
-from .notebook import cell_source, load_json, write_atomic
+from .notebook import cell_source, load_json
 
-__all__ = ["Edition", "EDITIONS", "EXECUTED", "executed_path", "execution_key", "execute", "execute_all", "chapter_sources",
-           "assemble", "build", "main"]
+__all__ = ["Edition", "EDITIONS", "EXECUTED", "execute", "chapter_sources", "book_page", "glossary_terms", "assemble", "build",
+           "main"]
 
-EXECUTED = REPO / "build" / "executed"
-PACKAGE = REPO / "tinytf"
-INLINE = "module://matplotlib_inline.backend_inline"  # figures become image/png outputs (Agg would leave "<Figure size ...>")
-# what the executor does, in the key: changing it re-executes every copy
-OPTIONS = {"backend": INLINE, "headless": "1", "kernel": "python3", "threads": "1", "version": 2}
 HIDDEN_TAG = "remove-cell"  # MyST-NB: the cell is not on the page (papermill's injected parameters)
 
 
@@ -81,108 +72,9 @@ _LINK = re.compile(r"\[([^\]]+)\]\((?!https?://|#)[^)]*\)")  # a link to a repos
 GLOSSARY = REPO / "notebooks" / "zh" / "术语表.md"
 
 
-# -- execution ---------------------------------------------------------------------------------------------
-
-def executed_path(nb: Path, root: Path = EXECUTED) -> Path:
-    """``root/<path under notebooks/>`` (``root/<path under the repository>`` for anything else, e.g.
-    ``solutions/zh/ex01_by_hand.ipynb``), as ``make run`` names them. ``root``: ``build/executed/``."""
-    nb = Path(nb).resolve()
-    if not nb.is_relative_to(REPO):
-        raise ValueError(f"{nb} is not in the repository {REPO}: executed copies are named by their path in it")
-    base = REPO / "notebooks" if nb.is_relative_to(REPO / "notebooks") else REPO
-    return Path(root) / nb.relative_to(base)
-
-
-@functools.lru_cache(maxsize=1)
-def _package_digest() -> str:
-    """sha256 of every file of the ``tinytf`` package (path and bytes), caches left out, and this module
-    left out too: no chapter imports it, and what it does to a run is in ``OPTIONS``."""
-    h = hashlib.sha256()
-    files = (p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
-    for f in sorted(p for p in files if p.resolve() != Path(__file__).resolve()):
-        h.update(f.relative_to(PACKAGE).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def execution_key(nb: Path, device: str = "cpu") -> str:
-    """What an executed copy depends on: the notebook's bytes, the ``tinytf`` package, the device and
-    the executor's options. A copy with another key is executed again."""
-    h = hashlib.sha256(Path(nb).read_bytes())
-    h.update(_package_digest().encode())
-    h.update(json.dumps(dict(OPTIONS, device=device), sort_keys=True).encode())
-    return h.hexdigest()
-
-
-def _stored_key(out: Path) -> str | None:
-    try:
-        return load_json(out)["metadata"]["tinytf"]["execution_key"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def execute(nb: Path, device: str = "cpu", *, root: Path = EXECUTED, force: bool = False) -> Path:
-    """Execute ``nb`` with papermill into :func:`executed_path` (``-p device``; inline backend, so each
-    figure is an ``image/png`` output; ``TINYTF_HEADLESS=1``: widgets as static figures; one thread).
-
-    Reused without running when the copy is newer than ``nb`` and its stored :func:`execution_key`
-    matches (same notebook, same ``tinytf`` files, same options); ``force`` runs it anyway. Raises
-    RuntimeError when a cell fails (the partial run is kept as ``<name>.failed.ipynb``, no copy is left
-    to be reused). Returns the copy's path.
-    """
-    nb = Path(nb).resolve()
-    out, key = executed_path(nb, root), execution_key(nb, device)
-    if not force and out.exists() and out.stat().st_mtime >= nb.stat().st_mtime and _stored_key(out) == key:
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(f".{out.stem}.running.ipynb")
-    env = dict(os.environ, TINYTF_HEADLESS=OPTIONS["headless"], TINYTF_DEVICE=device, MPLBACKEND=INLINE,
-               OMP_NUM_THREADS=OPTIONS["threads"])
-    cmd = [sys.executable, "-m", "papermill", "--no-progress-bar", "--log-level", "WARNING", "-k", OPTIONS["kernel"],
-           "--execution-timeout", "600", "--cwd", str(nb.parent), "-p", "device", device, str(nb), str(part)]
-    start = time.perf_counter()
-    run = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    noise = ("without encryption", "Use IPC transport")  # ipykernel's TCP note: nothing for a reader
-    sys.stderr.write("".join(ln for ln in run.stderr.splitlines(keepends=True) if not any(n in ln for n in noise)))
-    if run.returncode:
-        failed = out.with_name(f"{out.stem}.failed.ipynb")
-        if part.exists():
-            part.replace(failed)
-        out.unlink(missing_ok=True)  # neither a failed run nor an older copy may pass for this one
-        raise RuntimeError(f"executing {_rel(nb)} failed (papermill exit {run.returncode}); the partial copy is {_rel(failed)}")
-    done = load_json(part)
-    done["metadata"]["tinytf"] = {"execution_key": key, "device": device}
-    write_atomic(out, json.dumps(done, ensure_ascii=False, indent=1) + "\n")
-    part.unlink()
-    print(f"executed {_rel(nb)} -> {_rel(out)} in {time.perf_counter() - start:.0f} s", flush=True)
-    return out
-
-
-def _rel(p: Path) -> str:
-    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
-
-
 def chapter_sources() -> list[Path]:
     """Every chapter of both editions, in book order."""
     return [p for ed in EDITIONS for p in sorted(ed.notebooks.glob("[0-9][0-9]_*.ipynb"))]
-
-
-def execute_all(notebooks: Iterable[Path], device: str = "cpu", jobs: int = 2) -> list[Path]:
-    """:func:`execute` each notebook, ``jobs`` at a time (every one is tried); the copies, in order.
-    RuntimeError naming every notebook that failed."""
-    notebooks = list(notebooks)
-
-    def one(nb: Path) -> Path | Exception:
-        try:
-            return execute(nb, device)
-        except RuntimeError as err:
-            return err
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = list(pool.map(one, notebooks))
-    failed = [str(r) for r in results if isinstance(r, Exception)]
-    if failed:
-        raise RuntimeError("\n".join(failed))
-    return results  # type: ignore[return-value]
 
 
 # -- assembly ----------------------------------------------------------------------------------------------
@@ -289,7 +181,8 @@ def assemble(src: Path, device: str = "cpu", jobs: int = 2) -> list[Path]:
 _CHOOSER = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>tinytf</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<style>body{{font-family:sans-serif;max-width:36rem;margin:4rem auto;padding:0 1rem}}a{{display:block;font-size:1.3rem;margin:1rem 0}}</style>
+<style>body{{font-family:sans-serif;max-width:36rem;margin:4rem auto;padding:0 1rem}}
+a{{display:block;font-size:1.3rem;margin:1rem 0}}</style>
 </head><body><h1>tinytf</h1>
 {links}
 </body></html>
@@ -347,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as err:
             print(err, file=sys.stderr)
             return 1
-        print(f"executed notebooks: {len(copies)} up to date in {_rel(EXECUTED)}/")
+        print(f"executed notebooks: {len(copies)} up to date in {EXECUTED.relative_to(REPO)}/")
         return 0
     n = build(Path(args.out), device=args.device, jobs=args.jobs)
     print(f"book: {n} pages in {args.out}/en/ and {args.out}/zh/ (open {args.out}/index.html, or serve the folder)")
