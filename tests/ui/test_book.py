@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")  # Debian's, never a downloaded one
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
-PARALLEL = int(os.environ.get("TINYTF_BOOK_PAGES", "6"))  # pages open at once
+PARALLEL = int(os.environ.get("TINYTF_BOOK_PAGES", "4"))  # pages open at once
+LIMIT_MS = 180_000  # the most any one wait may take (a busy 2-core machine); each wait ends on its event, not on a timer
 SHOTS_OF = {f"{lang}/{page}" for lang in LANGS for page in
             ("index.html", "chapters/01_attention.html", "chapters/05_complexity.html", "chapters/10_tiled_attention.html")}
 SEARCHES = {"en": ("mask", "causal mask", "KV cache"), "zh": ("掩码", "因果掩码", "KV 缓存")}
@@ -172,7 +173,7 @@ class _Watch:
             await Promise.all(Array.from(document.images).map(i => i.complete ? null : new Promise(ok => {
                 i.addEventListener('load', ok); i.addEventListener('error', ok); })));
         }""")
-        await asyncio.wait_for(self.idle.wait(), 30)
+        await asyncio.wait_for(self.idle.wait(), LIMIT_MS / 1000)
 
 
 async def _route(context, site: str, blocked: list[str]) -> None:
@@ -223,6 +224,7 @@ async def _crawl(site: str, pages: list[str]) -> tuple[dict[str, dict], list[str
         browser = await _browser(pw)
         context = await browser.new_context(viewport={"width": 1300, "height": 900})
         blocked: list[str] = []
+        context.set_default_timeout(LIMIT_MS)
         await _route(context, site, blocked)
         gate = asyncio.Semaphore(PARALLEL)
         start = time.perf_counter()
@@ -331,6 +333,7 @@ async def _switch_and_search(site: str) -> tuple[list[str], dict[tuple[str, str]
         browser = await _browser(pw)
         context = await browser.new_context(viewport={"width": 1300, "height": 900})
         blocked: list[str] = []
+        context.set_default_timeout(LIMIT_MS)
         await _route(context, site, blocked)
         page = await context.new_page()
         urls = []
@@ -348,8 +351,9 @@ async def _switch_and_search(site: str) -> tuple[list[str], dict[tuple[str, str]
                 await box.fill(query)
                 await box.press("Enter")
                 await page.wait_for_url(re.compile(r"/search\.html\?q="))
-                await page.wait_for_function("() => document.querySelector('#search-results .search-summary') "
-                                             "&& typeof Search !== 'undefined' && Search._pulse_status === -1")
+                # searchtools.js writes the summary once, when the last result is listed (its "..." pulse can outlive it)
+                await page.wait_for_function("() => { const s = document.querySelector('#search-results .search-summary'); "
+                                             "return s && s.innerText.trim().length > 0; }")
                 results[lang, query] = await page.evaluate(
                     "() => Array.from(document.querySelectorAll('#search-results ul.search li > a')).map(a => a.href)")
                 if (lang, query) == ("zh", "掩码"):
