@@ -44,6 +44,8 @@ def scratch(tmp_path, monkeypatch):
     executed._package_digest.cache_clear()
     nb = new_notebook(cells=[new_code_cell('device = "auto"', metadata={"tags": ["parameters"]}),
                              new_code_cell("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])\nplt.show()")])
+    nb.metadata.update(kernelspec={"name": "python3", "language": "python", "display_name": "Python 3"},
+                       language_info={"name": "python"})
     path = folder / "figure.ipynb"
     nbformat.write(nb, path)
     yield path, tmp_path / "executed", pkg
