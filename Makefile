@@ -126,11 +126,11 @@ test-cuda: $(SETUP) ## unit tests + every notebook on the GPU (TINYTF_DEVICE=cud
 test-ui: $(SETUP) ## real-browser test: JupyterLab + Chromium (Playwright) drive chapter 01's attention explorer
 	env -u TINYTF_HEADLESS $(PYTHON) -m pytest -q -p no:cacheprovider -m ui tests/ui
 
-book: $(SETUP) ## the book: every chapter executed (reusing build/executed/), both languages, offline, in build/book/
+book: $(SETUP) ## two books, build/book/en/ and build/book/zh/: every chapter executed (reusing build/executed/), offline
 	$(PYTHON) -m tinytf.course.book --jobs $(JOBS)
 
-test-book: $(SETUP) ## open every page of build/book/ in Chromium, outside requests blocked (run make book first)
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m book tests/ui/test_book.py
+test-book: $(SETUP) ## open every page of both books in Chromium (pages in parallel, outside requests blocked), search them (make book first)
+	$(PYTHON) -m pytest -q -s -p no:cacheprovider -m book tests/ui/test_book.py
 
 BENCHES := $(sort $(wildcard benchmarks/*.py))
 

@@ -1,27 +1,46 @@
-"""Sphinx configuration of the book (``make book``). The pages are assembled by
-:mod:`tinytf.course.book` into ``build/book-src/``; this file is copied there.
+"""Sphinx configuration of the books (``make book``). :mod:`tinytf.course.book` assembles each language's
+pages in ``build/book-src/<lang>/``, copies this file there and runs one Sphinx build per language
+(``-D language=en`` or ``-D language=zh_CN``) into ``build/book/<lang>/``.
 
 Notebooks are never executed here (their outputs come from our own papermill run), MathJax is served
-from the site itself (sphinx-mathjax-offline), and nothing is loaded from outside the site.
+from the site itself (sphinx-mathjax-offline), and nothing is loaded from outside the site. The Chinese
+book's search index is segmented by jieba (``html_search_language = "zh"``), with the glossary's terms
+as its dictionary (``_jieba_terms.txt``, written at assembly).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 project = "tinytf — attention by hand"
 author = "the tinytf team"
-language = "en"
+language = "en"  # the Chinese build passes -D language=zh_CN
 
 extensions = ["myst_nb", "sphinx-mathjax-offline"]
-nb_execution_mode = "off"  # outputs come from `make run`'s executed copies
+nb_execution_mode = "off"  # outputs come from tinytf.course.book's executed copies
 nb_ipywidgets_js = {}  # no widget manager from a CDN: widgets appear as their static figures
 myst_enable_extensions = ["dollarmath", "amsmath", "html_image"]
 myst_heading_anchors = 3
 suppress_warnings = ["myst.header", "mystnb.unknown_mime_type", "misc.highlighting_failure"]
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 
+_HERE = Path(__file__).resolve().parent
+_TERMS = _HERE / "_jieba_terms.txt"
+if _TERMS.is_file():
+    html_search_options = {"dict": str(_TERMS)}  # added to jieba's own dictionary: 因果掩码 is one word
+    try:
+        import logging
+
+        import jieba
+
+        jieba.setLogLevel(logging.WARNING)  # not "Building prefix dict ..." on every build
+    except ImportError:  # the index is then built without Chinese words; tests/ui/test_book.py fails on it
+        pass
+
 html_theme = "sphinx_book_theme"
 html_title = "tinytf"
 html_static_path = ["_static"]
+templates_path = ["_templates"]
 html_css_files = ["tinytf.css"]
 html_theme_options = {
     "show_navbar_depth": 1,
@@ -34,26 +53,39 @@ html_show_sourcelink = False
 html_copy_source = False
 html_context = {"default_mode": "light"}  # the theme's light/dark switch starts from a valid mode
 
+LABELS = {"en": "English", "zh": "中文"}
+SPECIAL = ("genindex", "search")  # pages every build writes, with no source
 
-def _twin(pagename: str) -> tuple[str, str]:
-    """The page in the other language and that language's label."""
-    if pagename.startswith("zh/"):
-        return pagename[3:], "English"
-    return "zh/" + pagename, "中文"
+
+def _lang(config) -> str:
+    return "zh" if str(config.language).startswith("zh") else "en"
+
+
+def _search_language(app, config) -> None:
+    """The Chinese book is indexed as Chinese (jieba splits words), not as English (split at spaces)."""
+    if _lang(config) == "zh":
+        config.html_search_language = "zh"
+
+
+def _twin(app, pagename: str) -> tuple[str, str] | None:
+    """The relative link to the same page in the other language's book, and that language's label."""
+    other = "en" if _lang(app.config) == "zh" else "zh"
+    there = Path(app.srcdir).parent / other
+    if pagename not in SPECIAL and not any((there / f"{pagename}{s}").is_file() for s in (".md", ".ipynb")):
+        return None
+    return "../" * (pagename.count("/") + 1) + f"{other}/{pagename}.html", other
 
 
 def _language_switch(app, pagename, templatename, context, doctree) -> None:
-    """A link to the twin page at the top of every page (and ``lang`` set for Chinese pages)."""
-    twin, label = _twin(pagename)
-    if twin not in app.env.all_docs:
+    """A link to the twin page (in the other book) at the top of every page, search and index included."""
+    twin = _twin(app, pagename)
+    if twin is None:
         return
-    href = context["pathto"](twin)
-    lang = "zh" if label == "中文" else "en"
-    switch = f'<p class="tinytf-lang-switch"><a class="tinytf-twin" href="{href}" hreflang="{lang}">{label}</a></p>'
-    context["body"] = switch + context.get("body", "")
-    if pagename.startswith("zh/"):
-        context["language"] = "zh-CN"
+    href, other = twin
+    context["tinytf_switch"] = (f'<p class="tinytf-lang-switch"><a class="tinytf-twin" href="{href}" hreflang="{other}">'
+                                f"{LABELS[other]}</a></p>")  # placed by _templates/layout.html
 
 
 def setup(app):
+    app.connect("config-inited", _search_language)
     app.connect("html-page-context", _language_switch)
