@@ -216,6 +216,25 @@ def _rank_main(rank: int, world: int, job: str, payload: dict[str, Any], args: t
 
 
 _CACHE: dict[str, list[Tensor]] = {}
+
+
+def _fingerprint(obj: Any, h: Any) -> None:
+    """Feed ``obj`` into the hash ``h`` by value: a tensor by dtype, shape and bytes (its pickle holds ids)."""
+    if isinstance(obj, Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{list(t.shape)}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        for x in obj:
+            _fingerprint(x, h)
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for k in sorted(obj, key=str):
+            _fingerprint(k, h)
+            _fingerprint(obj[k], h)
+    else:
+        h.update(pickle.dumps(obj))
 _ERRORS = {"NotImplementedError": NotImplementedError, "ValueError": ValueError, "TypeError": TypeError,
            "IndexError": IndexError, "AttributeError": AttributeError, "NameError": NameError, "AssertionError": AssertionError}
 
@@ -226,7 +245,9 @@ def on_processes(job: str, fn: Callable[..., Any], world: int, *args: Any, timeo
     from tinytf.launch import run_processes
 
     payload = ship(fn)
-    key = hashlib.sha256(pickle.dumps((job, world, payload, args))).hexdigest()
+    h = hashlib.sha256()
+    _fingerprint((job, world, payload, args), h)
+    key = h.hexdigest()
     if key not in _CACHE:
         got = run_processes(_rank_main, world, job, payload, args, timeout_s=timeout_s)
         for r, res in enumerate(got):
