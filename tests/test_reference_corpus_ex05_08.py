@@ -1,4 +1,4 @@
-"""Exercises 5-10: on every corpus case (tests/corpus/exNN/*.json) the hidden tests and the judges agree.
+"""Exercises 5-11: on every corpus case (tests/corpus/exNN/*.json) the hidden tests and the judges agree.
 
 Each case is the instructor notebook with the case's cells put in (the student's code), executed cell by
 cell in one namespace with recording on, the way nbgrader runs a submission. For every autograded test
@@ -19,15 +19,16 @@ import torch
 
 from tinytf.course.judges import run_judge
 from tinytf.course.record import RECORD_ENV, load_records
-from tinytf.course.reference import ex05, ex06, ex07, ex08_probes, ex09, ex10
+from tinytf.course.reference import ex05, ex06, ex07, ex08_probes, ex09, ex10, ex11
 
 matplotlib.use("Agg")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {"ex05": "ex05_cross_attention.ipynb", "ex06": "ex06_explicit_vs_sdpa.ipynb", "ex07": "ex07_kv_cache.ipynb",
-             "ex08": "ex08_char_lm.ipynb", "ex09": "ex09_tiled_attention.ipynb", "ex10": "ex10_grouped_query.ipynb"}
+             "ex08": "ex08_char_lm.ipynb", "ex09": "ex09_tiled_attention.ipynb", "ex10": "ex10_grouped_query.ipynb",
+             "ex11": "ex11_tensor_parallel.ipynb"}
 PROBES = {"ex05": ex05.PROBES, "ex06": ex06.PROBES, "ex07": ex07.PROBES, "ex08": ex08_probes.PROBES, "ex09": ex09.PROBES,
-          "ex10": ex10.PROBES}
+          "ex10": ex10.PROBES, "ex11": ex11.PROBES}
 CASES = sorted(p for ex in NOTEBOOKS for p in (ROOT / "tests" / "corpus" / ex).glob("*.json"))
 
 

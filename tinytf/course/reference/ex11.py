@@ -1,0 +1,189 @@
+"""Exercise 11 — attention across processes: the QKV split, the row-parallel projection, ring attention's merge.
+
+Student code: ``split_qkv(weight, rank, world, heads, kv_heads)`` (part A), ``row_parallel(x, weight, bias,
+comm)`` (part B) and ``merge_block(m, l, acc, q, k, v, q_start, k_start)`` (part C). Each visible check runs
+a real 2-process gloo job (:func:`tinytf.course.reference.ex11_ranks.on_processes`, the student's function
+shipped by value to the spawned processes). The hidden tests call the probes below — fresh shapes, ``P = 2``
+and ``P = 4`` ranks simulated in one process (:func:`~tinytf.course.reference.ex11_ranks.on_threads`) — and
+hand every rank's result to the judge, in the notebook and again in the grader's clean process. The judges
+compare with tinytf (:func:`tinytf.shard_qkv`, one process's linear layer, full causal attention) and name
+chapter 12's pitfalls through :mod:`tinytf.checks.parallel`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tinytf.checks import Finding, Pitfall
+
+from ..judges import judge
+from . import Probe, call_student, judge_findings, stub_or
+from .ex05 import named_findings
+from .ex11_ranks import on_threads
+from .validators import float_inputs, tensor
+
+__all__ = ["reference_split_qkv", "reference_row_parallel", "reference_merge_block", "diagnose", "PROBES", "WORLDS"]
+
+WORLDS = (2, 4)  # the hidden tests' numbers of ranks
+
+
+def reference_split_qkv(weight: torch.Tensor, rank: int, world: int, heads: int, kv_heads: int) -> torch.Tensor:
+    """Rank ``rank``'s rows of the fused ``[W_q; W_k; W_v]`` (:func:`tinytf.shard_qkv`)."""
+    from tinytf.parallel import shard_qkv
+
+    return shard_qkv(weight, rank, world, heads, kv_heads)
+
+
+def reference_row_parallel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, comm: Any) -> torch.Tensor:
+    """``x [..., in/P] @ weight [out, in/P]ᵀ``, all-reduced over the ranks, then ``+ bias`` once."""
+    return comm.all_reduce(F.linear(x, weight)) + bias
+
+
+def reference_merge_block(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, q_start: int, k_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One causal K/V block folded into the running ``(m, l, acc)`` (:func:`tinytf.online_softmax_update`),
+    the mask on global positions ``q_start + i >= k_start + j``."""
+    from tinytf.tiled import online_softmax_update
+
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    pos_q = torch.arange(q.size(-2), device=q.device)[:, None] + q_start
+    pos_k = torch.arange(k.size(-2), device=q.device)[None, :] + k_start
+    return online_softmax_update(m, l, acc, scores.masked_fill(pos_k > pos_q, float("-inf")), v)
+
+
+def _per_world(value: Any, what: str) -> dict[str, list]:
+    assert isinstance(value, dict) and all(f"P{p}" in value for p in WORLDS), f"{what}: expected results for P = {WORLDS}"
+    for p in WORLDS:
+        assert isinstance(value[f"P{p}"], list) and len(value[f"P{p}"]) == p, f"{what}: expected {p} ranks' results for P = {p}"
+    return value
+
+
+def _named(findings: list[Finding], where: str) -> None:
+    """Fail with the named pitfall (or the general finding) a :mod:`tinytf.checks.parallel` diagnosis gave."""
+    if findings:
+        f = findings[0]
+        name = f.pitfall.label() if f.pitfall is not Pitfall.GENERAL else f.title
+        raise AssertionError(f"{where}: {name} — {f.message}")
+
+
+# ---- judges ---------------------------------------------------------------------------------------
+
+
+@judge("ex11_split")
+def _judge_split(value: Any, weight: torch.Tensor, heads: int, kv_heads: int) -> None:
+    (weight,) = float_inputs(weight)
+    value = _per_world(value, "split_qkv")
+    for p in WORLDS:
+        for r, got in enumerate(value[f"P{p}"]):
+            want = reference_split_qkv(weight, r, p, int(heads), int(kv_heads))
+            call = f"split_qkv(weight {list(weight.shape)}, rank={r}, world={p}, heads={heads}, kv_heads={kv_heads})"
+            got = tensor(got, want.shape, call)
+            if torch.equal(got, weight.chunk(p)[r]) and not torch.equal(got, want):
+                raise AssertionError(f"{call} is rows {r * weight.size(0) // p}…{(r + 1) * weight.size(0) // p - 1} of the fused "
+                                     f"[W_q; W_k; W_v] — {Pitfall.QKV_SPLIT_ONE_PIECE.label()}: take rank {r}'s heads from each "
+                                     "of W_q, W_k and W_v")
+            assert torch.equal(got, want), (f"{call} is not rank {r}'s rows: the W_q rows of heads {r * heads // p}…"
+                                            f"{(r + 1) * heads // p - 1}, then the W_k and W_v rows of K/V heads "
+                                            f"{r * kv_heads // p}…{(r + 1) * kv_heads // p - 1}")
+
+
+@judge("ex11_row")
+def _judge_row(value: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
+    from tinytf.checks import diagnose_row_parallel
+
+    x, weight, bias = float_inputs(x, weight, bias)
+    value = _per_world(value, "row_parallel")
+    reference = F.linear(x, weight, bias)
+    for p in WORLDS:
+        outs = [tensor(o, reference.shape, f"row_parallel on rank {r} of P={p}") for r, o in enumerate(value[f"P{p}"])]
+        _named(diagnose_row_parallel(outs, reference, bias), f"row_parallel on P={p} ranks (x {list(x.shape)}, "
+               f"weight {list(weight.shape)})")
+
+
+@judge("ex11_ring")
+def _judge_ring(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    from tinytf.checks import diagnose_ring_attention
+    from tinytf.ring import contiguous_layout
+
+    q, k, v = float_inputs(q, k, v)
+    value = _per_world(value, "merge_block")
+    for p in WORLDS:
+        n = q.size(-2) // p
+        outs = [tensor(o, (*q.shape[:-2], n, v.size(-1)), f"ring attention on rank {r} of P={p}") for r, o in enumerate(value[f"P{p}"])]
+        _named(diagnose_ring_attention(outs, q, k, v, contiguous_layout(q.size(-2), p)),
+               f"causal ring attention with your merge_block on P={p} ranks (q {list(q.shape)})")
+
+
+# ---- probes: the judges' inputs, drawn afresh (by the hidden tests and by the self-check) ---------
+
+
+def _size(gen: torch.Generator, lo: int, hi: int) -> int:
+    return int(torch.randint(lo, hi, (), generator=gen))
+
+
+def _probe_split(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    kv_heads = 4  # divisible by P = 2 and 4; heads = 8 makes it grouped-query (the K/V rows are fewer)
+    heads = kv_heads * _size(gen, 1, 3)
+    weight = torch.randn((heads + 2 * kv_heads) * _size(gen, 1, 4), _size(gen, 2, 7), generator=gen)
+    fn = ns["split_qkv"]
+    value = {f"P{p}": [fn(weight.clone(), r, p, heads, kv_heads) for r in range(p)] for p in WORLDS}
+    return value, {"weight": weight, "heads": heads, "kv_heads": kv_heads}
+
+
+def _probe_row(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    x = torch.randn(_size(gen, 1, 3), _size(gen, 2, 6), 4 * _size(gen, 1, 4), generator=gen)  # [B, T, in], in % 4 == 0
+    weight = torch.randn(_size(gen, 2, 9), x.size(-1), generator=gen)
+    bias = torch.randn(weight.size(0), generator=gen) + 1.0  # far from 0: a bias added P times shows
+    value = {f"P{p}": on_threads("row", ns["row_parallel"], p, x, weight, bias) for p in WORLDS}
+    return value, {"x": x, "weight": weight, "bias": bias}
+
+
+def _probe_ring(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    b, h, t, d = _size(gen, 1, 3), _size(gen, 1, 3), 4 * _size(gen, 1, 4), _size(gen, 2, 7)
+    q, k, v = (torch.randn(b, h, t, d, generator=gen) for _ in range(3))
+    value = {f"P{p}": on_threads("ring", ns["merge_block"], p, q, k, v) for p in WORLDS}
+    return value, {"q": q, "k": k, "v": v}
+
+
+PROBES: dict[str, Probe] = {"ex11_split": _probe_split, "ex11_row": _probe_row, "ex11_ring": _probe_ring}
+
+
+# ---- self-check diagnosis -------------------------------------------------------------------------
+
+
+def _diagnose_row(fn: Any) -> list[Finding]:
+    from tinytf.checks import diagnose_row_parallel
+
+    gen = torch.Generator().manual_seed(11)
+    x, weight, bias = torch.randn(2, 3, 8, generator=gen), torch.randn(5, 8, generator=gen), torch.randn(5, generator=gen) + 1.0
+    outs, err = call_student("row_parallel", on_threads, "row", fn, 2, x, weight, bias)
+    if err is not None:
+        return [err]
+    return diagnose_row_parallel(outs, F.linear(x, weight, bias), bias)
+
+
+def _diagnose_ring(fn: Any) -> list[Finding]:
+    from tinytf.checks import diagnose_ring_attention
+    from tinytf.ring import contiguous_layout
+
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=gen) for _ in range(3))
+    outs, err = call_student("merge_block", on_threads, "ring", fn, 2, q, k, v)
+    if err is not None:
+        return [err]
+    return diagnose_ring_attention(outs, q, k, v, contiguous_layout(8, 2))
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
+    """Findings about the student's ex11 code in ``namespace`` (empty when all looks right); never raises."""
+    from tinytf.checks import diagnose_qkv_split
+
+    findings, covered = named_findings(namespace, [
+        ("split_qkv", "ex11_split", lambda fn: stub_or("split_qkv", diagnose_qkv_split(fn))),
+        ("row_parallel", "ex11_row", _diagnose_row),
+        ("merge_block", "ex11_ring", _diagnose_ring)])
+    return findings + judge_findings(namespace, PROBES, covered=covered)
