@@ -32,7 +32,6 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/zh/*.ipynb))
 SOLUTIONS := $(sort $(wildcard solutions/*.ipynb solutions/zh/*.ipynb))
 # pytest-xdist's "-n JOBS" when the interpreter has it (PYTHON=python3 may not); expanded only when used
 XDIST      = $(shell $(PYTHON) -c "import xdist" >/dev/null 2>&1 && echo "-n $(JOBS) --dist loadfile")
-NBVAL      = -p no:cacheprovider --nbval-lax --nbval-current-env $(XDIST)
 # With JOBS>1 parallel workers, one torch thread each: two 2-thread kernels on a 2-core machine
 # oversubscribe the CPU and slow tiny-tensor notebooks many times over.
 THREADS_ENV = $(if $(filter-out 1,$(JOBS)),OMP_NUM_THREADS=1)
@@ -81,8 +80,8 @@ unit: $(SETUP) ## unit tests (tests/), the grading and validate runs included
 test-fast: lint $(SETUP) ## the edit-test loop: lint + unit tests without grading runs and notebooks (a few minutes)
 	$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadgroup --durations=5 -m "not ui and not book and not grading" --ignore=tests/ui tests
 
-notebooks: $(SETUP) ## execute every chapter and solution notebook with nbval (CPU)
-	@$(call timed,notebooks,$(THREADS_ENV) TINYTF_HEADLESS=1 TINYTF_DEVICE=$(DEVICE) MPLBACKEND=Agg $(PYTHON) -m pytest -q $(NBVAL) $(NOTEBOOKS) $(SOLUTIONS))
+notebooks: $(SETUP) ## execute every chapter and solution (both editions) once into build/executed/; any error fails (the book reuses the copies)
+	@$(call timed,notebooks,$(PYTHON) -m tinytf.course.executed --jobs $(JOBS) --device $(DEVICE) $(NOTEBOOKS) $(SOLUTIONS))
 
 test: lint unit notebooks ## everything CI runs: lint + unit tests + every notebook executed
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from .nbgrader_root import REPO
 from .notebook import load_json, write_atomic
 
-__all__ = ["EXECUTED", "OPTIONS", "executed_path", "execution_key", "execute", "execute_all"]
+__all__ = ["EXECUTED", "OPTIONS", "executed_path", "execution_key", "execute", "execute_all", "main"]
 
 EXECUTED = REPO / "build" / "executed"
 PACKAGE = REPO / "tinytf"
@@ -129,3 +129,27 @@ def execute_all(notebooks: Iterable[Path], device: str = "cpu", jobs: int = 2) -
     if failed:
         raise RuntimeError("\n".join(failed))
     return results  # type: ignore[return-value]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tinytf.course.executed [--jobs N] [--device D] NOTEBOOK ...`` (``make notebooks``): execute
+    each notebook once into ``build/executed/`` (up-to-date copies reused); exit 1 naming every one that failed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tinytf.course.executed", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2, help="notebooks executed in parallel")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("notebooks", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        copies = execute_all(args.notebooks, args.device, args.jobs)
+    except RuntimeError as err:
+        print(err, file=sys.stderr)
+        return 1
+    print(f"{len(copies)} notebooks executed without an error, copies in {_rel(EXECUTED)}/ ({time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
