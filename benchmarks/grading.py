@@ -145,15 +145,16 @@ def nbgrader_run(subs: Path, exercises: list[str]) -> dict:
             n += 1
     exe = Path(sys.executable).parent / "nbgrader"
     env = dict(os.environ, PATH=f"{exe.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    flags = [f"--CourseDirectory.root={root}", "--CourseDirectory.course_id=tinytf", f"--CourseDirectory.db_url=sqlite:///{root / 'gradebook.db'}",
-             "--Execute.timeout=60", "--Execute.kernel_name=python3", f"--Exchange.root={root / 'exchange'}"]
+    flags = [f"--CourseDirectory.root={root}", "--CourseDirectory.course_id=tinytf",
+             f"--CourseDirectory.db_url=sqlite:///{root / 'gradebook.db'}", "--Execute.timeout=60", "--Execute.kernel_name=python3", f"--Exchange.root={root / 'exchange'}"]
     start = time.perf_counter()
     failed = [ex for ex in exercises if subprocess.run([str(exe), "autograde", ex, "--force", *flags], cwd=root, env=env,
                                                         stdin=subprocess.DEVNULL, capture_output=True).returncode != 0]
     wall = time.perf_counter() - start
     graded = len(list(root.glob("autograded/*/*/*.ipynb")))
     shutil.rmtree(root.parent, ignore_errors=True)
-    return {"notebooks": n, "graded": graded, "failed_exercises": failed, "wall_s": round(wall, 2), "per_notebook_s": round(wall / max(1, n), 2)}
+    return {"notebooks": n, "graded": graded, "failed_exercises": failed, "wall_s": round(wall, 2),
+            "per_notebook_s": round(wall / max(1, n), 2)}
 
 
 def main(argv: list[str] | None = None) -> dict:

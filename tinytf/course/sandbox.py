@@ -32,8 +32,8 @@ if __name__ == "__main__":  # run by path as the server: our notebook.py would s
 
 import json
 import os
-import select
 import resource
+import select
 import signal
 import subprocess
 import time
