@@ -8,8 +8,8 @@ detects a hang (a run normally takes a fraction of it); nothing here measures sp
 
 The hang this guards against: the live figure used to sit in an ``ipywidgets.Output``; nbclient mimics
 that widget's front end by sending a ``comm_msg`` on the *shell* socket for each output it captures,
-while it is waiting on that socket for the cell's ``execute_reply``. Under load the two meet and the
-asyncio poll of the edge-triggered ZMQ socket never wakes: the reply sits unread and the run hangs.
+while it is waiting on that socket for the cell's ``execute_reply`` (jupyter/nbclient#312). Under load the
+two meet and the poll never wakes: the reply sits unread on the socket (seen there) and the run hangs.
 """
 
 from __future__ import annotations
