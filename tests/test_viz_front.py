@@ -18,6 +18,7 @@ from tinytf.viz import _front
 from tinytf.viz import attention as att
 from tinytf.viz import cache as vc
 from tinytf.viz import memory as mem
+from tinytf.viz import tiled as vt
 
 S = "the cat sat on the mat"
 
@@ -119,12 +120,33 @@ def test_live_widget_keeps_one_figure_across_control_changes(monkeypatch, explor
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
     ui = explorer(**kwargs)
-    fig, before = ui.live.fig, signature(ui.live.fig)
-    n = len(shown)
+    fig, before, png = ui.live.fig, signature(ui.live.fig), ui.image.value
+    assert shown == [ui] and png[:8] == b"\x89PNG\r\n\x1a\n"  # the widget is displayed once, the figure is its Image
     ui.controls[control].value = value
     assert ui.live.fig is fig and ui.live.rebuilt == 1 and signature(fig) != before
-    assert len(shown) == n + 1 and shown[-1].data[:8] == b"\x89PNG\r\n\x1a\n"  # one PNG per change
+    assert shown == [ui] and ui.image.value[:8] == b"\x89PNG\r\n\x1a\n" and ui.image.value != png  # one new PNG
     assert plt.fignum_exists(fig.number) is False  # kept out of pyplot: the inline backend will not show it twice
+    plt.close("all")
+
+
+@pytest.mark.parametrize("explorer", [att.attention_explorer, mem.memory_explorer, vc.cache_explorer, vt.online_softmax_stepper])
+def test_live_widget_has_no_output_widget(monkeypatch, explorer):
+    """nbclient answers an Output widget's outputs on the shell socket mid-cell, which can hang papermill
+    under load (tests/test_viz_live.py): the live widgets show their figure in an Image widget instead."""
+    import ipywidgets
+
+    monkeypatch.setenv("TINYTF_HEADLESS", "0")
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: None)
+    ui = explorer()
+
+    def tree(w):
+        yield w
+        for child in getattr(w, "children", ()):
+            yield from tree(child)
+
+    widgets = list(tree(ui))
+    assert len(widgets) >= 3 and ui.image in widgets and isinstance(ui.image, ipywidgets.Image)
+    assert not any(isinstance(w, ipywidgets.Output) for w in widgets)
     plt.close("all")
 
 

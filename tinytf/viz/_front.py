@@ -7,7 +7,7 @@ A figure function may come with an *updater* ``update(fig, **values) -> bool`` t
 existing figure in place (``set_data``, ``set_text``, ...) and returns False when the new values
 need a different structure (say, another token count), in which case the figure is rebuilt. The
 live widget keeps one figure, updates it on every control change and sends it to the browser as
-one PNG (a single Agg draw, no ``bbox_inches="tight"`` second pass), so a slider stays responsive.
+one PNG, the value of an ``ipywidgets.Image`` (a single Agg draw, no ``bbox_inches="tight"`` second pass), so a slider stays responsive.
 """
 
 from __future__ import annotations
@@ -200,8 +200,9 @@ def interactive_figure(
 
     ``controls`` maps keyword names to ipywidgets value widgets; ``update_fn(fig, **values)``, when
     given, redraws the current figure in place (see the module docstring). Returns the ipywidgets
-    container (live; ``.live`` is its :class:`LiveFigure`, ``.controls`` the controls) or the rendered Figure (headless), so
-    callers and tests can inspect it.
+    container (live; ``.live`` is its :class:`LiveFigure`, ``.controls`` the controls, ``.image`` the Image widget
+    showing the PNG) or the rendered Figure (headless), so callers and tests can inspect it. Nothing in the live
+    path waits for, or expects an answer from, a front end: headless clients (papermill, nbclient) run it too.
     """
     fixed = dict(fixed or {})
 
@@ -215,23 +216,24 @@ def interactive_figure(
         return fig
 
     import ipywidgets as widgets
-    from IPython.display import Image, display
+    from IPython.display import display
 
-    out = widgets.Output()
+    # the figure is the value of an Image widget, not a display() inside an Output widget: nbclient (papermill,
+    # nbval's peers) mimics an Output widget's front end by sending a comm_msg on the shell socket while it
+    # waits there for the cell's execute_reply, and under load that reply can go unseen and the run hangs
+    # (jupyter/nbclient#312). An Image's new value is one comm_msg from the kernel that nothing answers.
+    image = widgets.Image(format="png")
     live = LiveFigure(figure_fn, update_fn)
 
     def redraw(_change: Any = None) -> None:
-        png = render_png(live.redraw(**values()))
-        with out:
-            out.clear_output(wait=True)
-            display(Image(data=png, format="png"))
+        image.value = render_png(live.redraw(**values()))
 
     for w in controls.values():
         w.observe(redraw, names="value")
     boxes = list(controls.values())
     panel = layout(boxes) if layout else widgets.HBox(boxes, layout=widgets.Layout(flex_flow="row wrap"))
-    ui = widgets.VBox([panel, out])
-    ui.live, ui.controls = live, dict(controls)
+    ui = widgets.VBox([panel, image])
+    ui.live, ui.controls, ui.image = live, dict(controls), image
     redraw()
     display(ui)
     return ui
