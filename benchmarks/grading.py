@@ -146,7 +146,8 @@ def nbgrader_run(subs: Path, exercises: list[str]) -> dict:
     exe = Path(sys.executable).parent / "nbgrader"
     env = dict(os.environ, PATH=f"{exe.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     flags = [f"--CourseDirectory.root={root}", "--CourseDirectory.course_id=tinytf",
-             f"--CourseDirectory.db_url=sqlite:///{root / 'gradebook.db'}", "--Execute.timeout=60", "--Execute.kernel_name=python3", f"--Exchange.root={root / 'exchange'}"]
+             f"--CourseDirectory.db_url=sqlite:///{root / 'gradebook.db'}", "--Execute.timeout=60",
+             "--Execute.kernel_name=python3", f"--Exchange.root={root / 'exchange'}"]
     start = time.perf_counter()
     failed = [ex for ex in exercises if subprocess.run([str(exe), "autograde", ex, "--force", *flags], cwd=root, env=env,
                                                         stdin=subprocess.DEVNULL, capture_output=True).returncode != 0]
