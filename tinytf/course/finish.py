@@ -78,15 +78,36 @@ def _error_line(cell: dict, tb: list[str]) -> int | None:
     return lines[0] if lines else None
 
 
-def classify_test_cell(cell: dict) -> tuple[str, str]:
-    """``(status, message)`` of an executed test cell from its outputs (before judging)."""
+def _ran_for(cell: dict) -> float | None:
+    """Seconds the cell ran, from nbclient's timing metadata (``iopub.execute_input`` to ``shell.execute_reply``)."""
+    from datetime import datetime
+
+    times = cell.get("metadata", {}).get("execution", {})
+    try:
+        start, end = (datetime.fromisoformat(str(times[k]).replace("Z", "+00:00")) for k in ("iopub.execute_input", "shell.execute_reply"))
+    except (KeyError, ValueError):
+        return None
+    return max(0.0, (end - start).total_seconds())
+
+
+def timeout_message(cell: dict, limit: float | None = None) -> str:
+    """A cell stopped for time, in words: the limit, how long it had run, and what to do (slow is not wrong)."""
+    ran = _ran_for(cell)
+    return ("the cell ran past the per-cell time limit" + (f" of {limit:g} s" if limit else "")
+            + (f" (it had run {ran:.0f} s)" if ran is not None else "")
+            + " and was stopped: too slow, not wrong. Set fast = True in the parameters cell or use fewer steps")
+
+
+def classify_test_cell(cell: dict, limit: float | None = None) -> tuple[str, str]:
+    """``(status, message)`` of an executed test cell from its outputs (before judging); ``limit``: the
+    per-cell time limit it ran under (said when it was stopped for time)."""
     errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     if not errors:
         return "ok", ""
     err = errors[-1]
     ename, evalue = str(err.get("ename", "Error")), strip_ansi(str(err.get("evalue", "")))
     if ename == "CellTimeoutError":
-        return "timeout", "the cell ran past the per-cell time limit"
+        return "timeout", timeout_message(cell, limit)
     line = _error_line(cell, list(err.get("traceback", [])))
     if line is None or line in hidden_lines(cell_source(cell)):
         where, evalue = "a hidden test", ""
@@ -116,7 +137,7 @@ def _executed(job: Path, student: str, ex: str, name: str) -> tuple[dict, str]:
 
 
 def _cell_status(spec: CellSpec, cell: dict | None, executed: dict[str, dict], records: dict, timed_out: bool,
-                 note: str) -> tuple[str, str]:
+                 note: str, limit: float | None = None) -> tuple[str, str]:
     """``(status, message)`` of one graded cell of one job."""
     from .judges import run_judge
 
@@ -132,7 +153,7 @@ def _cell_status(spec: CellSpec, cell: dict | None, executed: dict[str, dict], r
         return "error", note
     if spec.grade_id not in executed:
         return "missing-cell", "this test cell is missing from the graded notebook"
-    status, message = classify_test_cell(executed[spec.grade_id])
+    status, message = classify_test_cell(executed[spec.grade_id], limit)
     if status != "ok":
         return status, message
     rec = records.get(spec.grade_id)
@@ -145,6 +166,16 @@ def _cell_status(spec: CellSpec, cell: dict | None, executed: dict[str, dict], r
             return "tampered", f"the cell passed only because {', '.join(patched)} had been replaced; the independent check: {why}"[:300]
         return "failed", f"wrong result (found by the independent check): {why}"[:300]
     return "ok", ""
+
+
+def _stopped_cells(nb: dict, limit: float | None) -> list[str]:
+    """The student's own cells (not test cells) that were stopped for time, in words."""
+    from .notebook import describe_cell, is_test_cell
+
+    cells = nb.get("cells", []) if nb else []
+    return [f"{describe_cell(cells, i)}: {timeout_message(c, limit)}" for i, c in enumerate(cells)
+            if c.get("cell_type") == "code" and not is_test_cell(c)
+            and any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError" for o in c.get("outputs", []))]
 
 
 def judge_cells(job: Path, course: Path, ex: str, student: str, name: str, submission: Path) -> tuple[list[CellResult], str, dict]:
@@ -160,9 +191,12 @@ def judge_cells(job: Path, course: Path, ex: str, student: str, name: str, submi
     records = load_records(job / "records")
     executed = cells_by_id(autograded)
     timed_out = bool(load_json(job / "sandbox.json")["timed_out"])
+    config = job.parent / f"{student}__{ex}.nbgrader.json"
+    limit = load_json(config).get("Execute", {}).get("timeout") if config.exists() else None
+    note = "; ".join(x for x in (note, *_stopped_cells(autograded, limit)) if x)
     results = []
     for spec in specs:
-        status, message = _cell_status(spec, submitted.get(spec.grade_id), executed, records, timed_out, note)
+        status, message = _cell_status(spec, submitted.get(spec.grade_id), executed, records, timed_out, note, limit)
         results.append(CellResult(student, ex, spec.grade_id, spec.points if status == "ok" else 0.0, spec.points, status, message))
     return results, note, autograded
 
