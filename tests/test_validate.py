@@ -137,7 +137,8 @@ def _slow_toy(folder):
     nb.cells = [new_code_cell("import time", metadata=meta("ex90_setup")),
                 new_code_cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
                               metadata=meta("ex90_double", solution=True, locked=False)),
-                new_code_cell("assert double(2) == 4", metadata=meta("ex90_double_test", grade=True, points=2)),
+                new_code_cell("assert double(2) == 4\n### BEGIN HIDDEN TESTS\nassert double(5) == 10, 'hidden'\n### END HIDDEN TESTS",
+                              metadata=meta("ex90_double_test", grade=True, points=2)),
                 new_code_cell("def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION",
                               metadata=meta("ex90_square", solution=True, locked=False)),
                 new_code_cell("assert square(3) == 9", metadata=meta("ex90_square_test", grade=True, points=1))]
@@ -187,3 +188,24 @@ def test_grade_says_a_stopped_cell_in_words_in_both_languages():
     assert "KeyboardInterrupt" not in msg
     zh = translate(msg, "zh")
     assert "时间限制（60 秒）" in zh and "fast = True" in zh and "已被停止" in zh and "ran past" not in zh, zh
+
+
+def test_an_instructor_source_is_checked_as_a_source(tmp_path):
+    """``tinytf validate solutions/exNN_….ipynb``: the source's own tests run, hidden ones too, and a correct
+    source passes (exit 0); a source whose hidden test fails is FAILED; a student's copy is compared with
+    the release as before."""
+    _slow_toy(tmp_path / "src")
+    released = tmp_path / "released"
+    release(tmp_path / "src", released)
+    source = tmp_path / "src" / "ex90_slow.ipynb"
+    assert main(["validate", str(source), "--released", str(released), "--timeout", "30"]) == 0
+    report = validate(source, released_dir=released, timeout=30)
+    assert report.source and report.ok and [c.status for c in report.cells] == ["pass", "pass"] and not report.structure
+    broken = K.edited(K.load(source), "ex90_double", "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x if x < 5 else 0\n"
+                      "    ### END SOLUTION")
+    report = validate(K.save(broken, tmp_path / "broken" / "ex90_slow.ipynb"), released_dir=released, timeout=30)
+    assert report.source and not report.ok and report.cells[0].status == "fail" and "hidden" in report.cells[0].message
+    student = K.solved(K.load(released / "ex90_slow.ipynb"), K.load(source))
+    student = K.edited(student, "ex90_square_test", "assert True")
+    report = validate(K.save(student, tmp_path / "student" / "ex90_slow.ipynb"), released_dir=released, timeout=30)
+    assert not report.source and report.problems == {"ex90_square_test": "edited"} and not report.ok

@@ -17,6 +17,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "header": ("tinytf validate {path}  (exercise {ex})", "tinytf validate {path}（练习 {ex}）"),
     "tests": ("Test cells (visible tests; the grader also runs hidden tests on fresh inputs):",
               "测试单元（可见测试；评分时还会在新的随机输入上运行隐藏测试）："),
+    "tests_source": ("Test cells (an instructor source: every visible and hidden test, as written here):",
+                     "测试单元（教师源笔记本：所有可见测试和隐藏测试，按这里写的运行）："),
     "points": ("{pts:g} pt", "{pts:g} 分"),
     "cell_error": ("error in your cell {what}", "你的单元出错：{what}"),
     "diagnosis": ("Diagnosis (tinytf.checks):", "诊断（tinytf.checks）："),

@@ -29,7 +29,7 @@ from tinytf.language import notebook_language
 from .messages import say
 from .nbgrader_root import REPO
 from .notebook import cell_source, describe_cell, first_line, nbgrader_meta, read_notebook
-from .validate import Report, _prepare, _released_dir, _released_path, diagnose_json, format_report
+from .validate import Report, _prepare, is_source, _released_dir, _released_path, diagnose_json, format_report
 
 __all__ = ["in_kernel_check", "check_json", "self_check"]
 
@@ -79,7 +79,7 @@ def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang
     student = read_notebook(path) if path else (released or {"cells": []})
     if path is None:
         report.structure.append(say("no_saved", lang, ex=exercise))
-    if released is None:
+    if released is None and not (path and is_source(student)):
         report.structure.append(say("no_release", lang))
     nb, tests = _prepare(student, released, report)
     index = {nbgrader_meta(c).get("grade_id"): i for i, c in enumerate(nb["cells"])}

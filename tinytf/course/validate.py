@@ -28,7 +28,7 @@ from .messages import say
 from .nbgrader_root import REPO, exercise_id
 from .notebook import cell_source, describe_cell, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook
 
-__all__ = ["CellCheck", "Report", "validate", "format_report", "self_check", "diagnose_json"]
+__all__ = ["CellCheck", "Report", "is_source", "validate", "format_report", "self_check", "diagnose_json"]
 
 _MARK = "__TINYTF_DIAGNOSIS__"
 
@@ -59,6 +59,7 @@ class Report:
     self_check_ok: bool | None = None  # the in-kernel self-check's verdict at the end of validate's run
     lang: str = "en"  # the notebook's edition (metadata.tinytf.edition): the report speaks it
     stopped: list[str] = field(default_factory=list)  # cells stopped for time, said in words
+    source: bool = False  # an instructor source (solutions/): its own tests, hidden ones too, ran as written
 
     @property
     def ok(self) -> bool:
@@ -72,12 +73,23 @@ def _released_path(ex: str, released_dir: Path) -> Path | None:
     return hits[0] if hits else None
 
 
+def is_source(nb: dict) -> bool:
+    """An instructor source (``solutions/``), not a student's copy: a solution cell still holds nbgrader's
+    ``### BEGIN SOLUTION`` region (release replaces every one of them by ``raise NotImplementedError()``)."""
+    return any(nbgrader_meta(c).get("solution") and "### BEGIN SOLUTION" in cell_source(c) for c in nb.get("cells", []))
+
+
 def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict, list[tuple[str, float]]]:
-    """The notebook to execute (released tests restored) and the ``(grade_id, points)`` to report on."""
+    """The notebook to execute (released tests restored) and the ``(grade_id, points)`` to report on.
+
+    An instructor source (:func:`is_source`) is checked as a source: its own test cells, hidden tests
+    included, run as written, and none is compared with the release.
+    """
     nb = copy.deepcopy(student)
     for cell in nb["cells"]:
         cell["source"] = cell_source(cell)
-    if released is None:
+    report.source = is_source(nb)
+    if released is None or report.source:
         tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in nb["cells"] if is_test_cell(c)]
         return nb, tests
     rel_cells = released["cells"]
@@ -262,7 +274,7 @@ def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None 
         report.exercise = ex
     rel_path = _released_path(ex, _released_dir(report.lang, released_dir)) if ex != "?" else None
     released = json.loads(rel_path.read_text(encoding="utf-8")) if rel_path else None
-    if released is None:
+    if released is None and not is_source(student):
         report.structure.append(say("no_release", report.lang))
     nb, tests = _prepare(student, released, report)
     previous = os.environ.get("TINYTF_LANG")
@@ -348,7 +360,7 @@ def format_report(r: Report, title: str | None = None) -> str:
         return "\n".join([*lines, f"  x {r.fatal}", say("result_failed", lang)])
     for s in r.structure:
         lines.append(f"  ! {s}")
-    lines.append(say("tests", lang))
+    lines.append(say("tests_source" if r.source else "tests", lang))
     en_labels = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "timeout": "TIMEOUT", "not-run": "NOT RUN"}
     zh_labels = {"pass": "通过", "fail": "未通过", "error": "出错", "timeout": "超时", "not-run": "未运行"}
     labels = zh_labels if lang == "zh" else en_labels
