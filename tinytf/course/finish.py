@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .gradebook import CellResult, plain_html
 from .messages import say, status_name, translate
+from .release import earlier_release, load_manifest
 from .notebook import (
     cell_source,
     cells_by_id,
@@ -137,16 +138,27 @@ def _executed(job: Path, student: str, ex: str, name: str) -> tuple[dict, str]:
 
 
 def _cell_status(spec: CellSpec, cell: dict | None, executed: dict[str, dict], records: dict, timed_out: bool,
-                 note: str, limit: float | None = None) -> tuple[str, str]:
-    """``(status, message)`` of one graded cell of one job."""
-    from .judges import run_judge
-
+                 note: str, limit: float | None = None, manifest: dict | None = None, ex: str = "") -> tuple[str, str]:
+    """``(status, message)`` of one graded cell of one job; ``manifest``: every release's test cells
+    (:func:`tinytf.course.release.load_manifest`), a test cell matching one of them is no edit."""
     if cell is None:
         return "missing-cell", "this test cell is missing from the submission (deleted, renamed, or metadata stripped)"
     if spec.kind == "manual":
         return "needs-manual-grade", "written answer: an instructor grades it"
-    if cell_source(cell).strip() not in {spec.visible.strip(), *(a.strip() for a in spec.also)}:
-        return "tampered", "this locked test cell was edited; edited test cells earn 0"
+    status, message = _graded_status(spec, executed, records, timed_out, note, limit)
+    if cell_source(cell).strip() in {spec.visible.strip(), *(a.strip() for a in spec.also)}:
+        return status, message
+    if earlier_release(manifest or {}, ex, spec.grade_id, cell_source(cell)):  # not tampering: today's version ran
+        return status, "; ".join(m for m in (f"this test comes from an earlier release of {ex}; today's version was run",
+                                             message) if m)
+    return "tampered", "this locked test cell was edited; edited test cells earn 0"
+
+
+def _graded_status(spec: CellSpec, executed: dict[str, dict], records: dict, timed_out: bool, note: str,
+                   limit: float | None) -> tuple[str, str]:
+    """``(status, message)`` of a test cell whose source is accepted, from the run and its judge."""
+    from .judges import run_judge
+
     if timed_out:
         return "timeout", note
     if not executed:
@@ -194,9 +206,11 @@ def judge_cells(job: Path, course: Path, ex: str, student: str, name: str, submi
     config = job.parent / f"{student}__{ex}.nbgrader.json"
     limit = load_json(config).get("Execute", {}).get("timeout") if config.exists() else None
     note = "; ".join(x for x in (note, *_stopped_cells(autograded, limit)) if x)
+    manifest = load_manifest(course / "released-earlier")
     results = []
     for spec in specs:
-        status, message = _cell_status(spec, submitted.get(spec.grade_id), executed, records, timed_out, note, limit)
+        status, message = _cell_status(spec, submitted.get(spec.grade_id), executed, records, timed_out, note, limit,
+                                       manifest, ex)
         results.append(CellResult(student, ex, spec.grade_id, spec.points if status == "ok" else 0.0, spec.points, status, message))
     return results, note, autograded
 

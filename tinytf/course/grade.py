@@ -196,6 +196,9 @@ def _course_root(sols: dict[str, Path], root: Path, released: Path | None) -> di
         if released and (released / name).is_file():
             (root / "released-earlier").mkdir(exist_ok=True)
             shutil.copyfile(released / name, root / "released-earlier" / name)
+    if released and (released / "releases.json").is_file():  # every release's test cells (tinytf.course.release)
+        (root / "released-earlier").mkdir(exist_ok=True)
+        shutil.copyfile(released / "releases.json", root / "released-earlier" / "releases.json")
     return names
 
 

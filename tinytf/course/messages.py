@@ -44,6 +44,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                 "测试单元 {gid} 被删除或改名：评分时记 0 分；请从发布的练习中把它复制回来"),
     "edited": ("test cell {gid} was edited: edited test cells earn 0 when graded; the released version was run here instead",
                "测试单元 {gid} 被修改：被修改的测试单元评分时记 0 分；这里运行的是发布版本"),
+    "earlier_release": ("test cell {gid} comes from an earlier release of {ex}; today's version was run (graded normally)",
+                        "测试单元 {gid} 来自 {ex} 的早期发布版本；这里运行的是今天的版本（正常评分）"),
     "cannot_read": ("cannot read {name}: {error}", "无法读取 {name}：{error}"),
     # a cell stopped for time (validate, the self-check, grade): slow is not wrong
     "stopped": ("{where} was stopped after {ran:.0f} s: the limit is {limit:g} s per cell. This is no error in your code, it was "
@@ -92,6 +94,8 @@ _PHRASES: tuple[tuple[str, str], ...] = (
      "提交的笔记本里没有这个测试单元（被删除、改名，或元数据被删掉）"),
     ("this test cell is missing from the graded notebook", "评分后的笔记本里没有这个测试单元"),
     ("written answer: an instructor grades it", "书面回答：由教师评分"),
+    ("this test comes from an earlier release of ", "这个测试来自早期发布的 "),
+    ("; today's version was run", "；运行的是今天的版本"),
     ("this locked test cell was edited; edited test cells earn 0", "这个锁定的测试单元被修改了；被修改的测试单元记 0 分"),
     ("the cell passed but exported no result for the independent check", "这个单元通过了，但没有把结果交给独立检查"),
     ("wrong result (found by the independent check): ", "结果错误（独立检查发现）："),

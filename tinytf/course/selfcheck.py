@@ -74,6 +74,8 @@ def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang
     lang = lang or notebook_language()
     path = _saved_notebook(exercise)
     report = Report(str(path.relative_to(REPO) if path and path.is_relative_to(REPO) else path or exercise), exercise, lang=lang)
+    from .release import load_manifest
+
     rel_path = _released_path(exercise, _released_dir(lang, None))
     released = json.loads(rel_path.read_text(encoding="utf-8")) if rel_path else None
     student = read_notebook(path) if path else (released or {"cells": []})
@@ -81,7 +83,7 @@ def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang
         report.structure.append(say("no_saved", lang, ex=exercise))
     if released is None and not (path and is_source(student)):
         report.structure.append(say("no_release", lang))
-    nb, tests = _prepare(student, released, report)
+    nb, tests = _prepare(student, released, report, load_manifest(_released_dir(lang, None)))
     index = {nbgrader_meta(c).get("grade_id"): i for i, c in enumerate(nb["cells"])}
     skip = set(skip)
     for gid, pts in tests:

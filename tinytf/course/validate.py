@@ -59,6 +59,7 @@ class Report:
     self_check_ok: bool | None = None  # the in-kernel self-check's verdict at the end of validate's run
     lang: str = "en"  # the notebook's edition (metadata.tinytf.edition): the report speaks it
     stopped: list[str] = field(default_factory=list)  # cells stopped for time, said in words
+    notes: list[str] = field(default_factory=list)  # said, but nothing wrong (a test from an earlier release)
     source: bool = False  # an instructor source (solutions/): its own tests, hidden ones too, ran as written
 
     @property
@@ -79,12 +80,16 @@ def is_source(nb: dict) -> bool:
     return any(nbgrader_meta(c).get("solution") and "### BEGIN SOLUTION" in cell_source(c) for c in nb.get("cells", []))
 
 
-def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict, list[tuple[str, float]]]:
+def _prepare(student: dict, released: dict | None, report: Report, manifest: dict | None = None) -> tuple[dict, list[tuple[str, float]]]:
     """The notebook to execute (released tests restored) and the ``(grade_id, points)`` to report on.
 
     An instructor source (:func:`is_source`) is checked as a source: its own test cells, hidden tests
-    included, run as written, and none is compared with the release.
+    included, run as written, and none is compared with the release. A test cell that differs from
+    today's release but matches an earlier one (``manifest``: :func:`tinytf.course.release.load_manifest`)
+    is not edited: today's version runs, and a note says so.
     """
+    from .release import earlier_release
+
     nb = copy.deepcopy(student)
     for cell in nb["cells"]:
         cell["source"] = cell_source(cell)
@@ -115,7 +120,10 @@ def _prepare(student: dict, released: dict | None, report: Report) -> tuple[dict
             nb["cells"].insert(idx, restored)
             by_id[gid] = restored
         elif cell_source(mine).strip() != cell_source(rel).strip():
-            if is_test_cell(rel):
+            if is_test_cell(rel) and earlier_release(manifest or {}, report.exercise, gid, cell_source(mine)):
+                report.notes.append(say("earlier_release", report.lang, gid=gid, ex=report.exercise))
+                report.problems[gid] = "earlier release"
+            elif is_test_cell(rel):
                 report.structure.append(say("edited", report.lang, gid=gid))
                 report.problems[gid] = "edited"
             mine["source"] = cell_source(rel)
@@ -272,11 +280,14 @@ def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None 
         ids = [nbgrader_meta(c).get("grade_id", "") for c in student["cells"]]
         ex = next((i[:4] for i in ids if i and i[:2] == "ex" and i[2:4].isdigit()), "?")
         report.exercise = ex
-    rel_path = _released_path(ex, _released_dir(report.lang, released_dir)) if ex != "?" else None
+    from .release import load_manifest
+
+    folder = _released_dir(report.lang, released_dir)
+    rel_path = _released_path(ex, folder) if ex != "?" else None
     released = json.loads(rel_path.read_text(encoding="utf-8")) if rel_path else None
     if released is None and not is_source(student):
         report.structure.append(say("no_release", report.lang))
-    nb, tests = _prepare(student, released, report)
+    nb, tests = _prepare(student, released, report, load_manifest(folder))
     previous = os.environ.get("TINYTF_LANG")
     os.environ["TINYTF_LANG"] = report.lang  # the kernel (started below) speaks the notebook's language
     try:
@@ -360,12 +371,14 @@ def format_report(r: Report, title: str | None = None) -> str:
         return "\n".join([*lines, f"  x {r.fatal}", say("result_failed", lang)])
     for s in r.structure:
         lines.append(f"  ! {s}")
+    for s in r.notes:
+        lines.append(f"  i {s}")
     lines.append(say("tests_source" if r.source else "tests", lang))
     en_labels = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "timeout": "TIMEOUT", "not-run": "NOT RUN"}
     zh_labels = {"pass": "通过", "fail": "未通过", "error": "出错", "timeout": "超时", "not-run": "未运行"}
     labels = zh_labels if lang == "zh" else en_labels
     for c in r.cells:
-        problem = {"deleted": "已删除", "edited": "已修改"}.get(c.problem, c.problem) if lang == "zh" else c.problem
+        problem = {"deleted": "已删除", "edited": "已修改", "earlier release": "早期版本"}.get(c.problem, c.problem) if lang == "zh" else c.problem
         extra = f" [{problem}]" if problem else ""
         msg = f"  {c.message}" if c.message else ""
         pts = say("points", lang, pts=c.points)
