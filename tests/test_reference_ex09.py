@@ -140,3 +140,19 @@ def test_probes_match_the_hidden_tests_judges(ns):
         value, inputs = probe(ns, torch.Generator().manual_seed(7))
         ok, msg = run_judge(gid, value, inputs)
         assert ok, f"{gid}: {msg}"
+
+
+def test_the_causal_probe_always_puts_a_query_tile_on_a_key_tile_boundary():
+    """ex09_causal's "longer" shapes: Tk - Tq + q_end is a multiple of block_k for the first query tile, and a
+    key tile lies beyond it, so counting one tile too many is caught on every draw (not one in block_k)."""
+    import torch
+
+    from tinytf.course.reference.ex09 import PROBES
+
+    def forward(q, k, v, *, block_q, block_k):
+        return torch.zeros_like(q), 0
+
+    for seed in range(200):
+        _, inputs = PROBES["ex09_causal"]({"causal_tiled_forward": forward}, torch.Generator().manual_seed(seed))
+        tq, tk, bq, bk = inputs["q"].size(-2), inputs["k_long"].size(-2), inputs["block_q"], inputs["block_k"]
+        assert tq > bq and tk > tq and (tk - tq + bq) % bk == 0 and tk - tq + bq < tk, (seed, tq, tk, bq, bk)

@@ -140,3 +140,70 @@ def test_the_shared_release_is_keyed_by_every_solution_byte(tmp_path):
         after = K.release_key(sol)
         assert after != before, f"editing one character of {nb.relative_to(tmp_path)} gives a new release"
         before = after
+
+
+def test_every_released_test_cell_is_in_its_editions_manifest():
+    """``make release`` records every release's test cells (releases.json next to the notebooks)."""
+    from tinytf.course.notebook import cell_source, is_test_cell, nbgrader_meta
+    from tinytf.course.release import earlier_release, load_manifest
+
+    assert len(KEYS) == 2 * len(_found("solutions")) >= 22, KEYS  # every exercise, two editions
+    for lang, ex in KEYS:
+        manifest = load_manifest(RELEASED[(lang, ex)].parent)
+        tests = [c for c in K.load(RELEASED[(lang, ex)])["cells"] if is_test_cell(c)]
+        assert tests and all(earlier_release(manifest, ex, nbgrader_meta(c)["grade_id"], cell_source(c)) for c in tests), (lang, ex)
+
+
+def test_release_adds_to_the_manifest_and_never_forgets(tmp_path):
+    from tinytf.course.release import load_manifest
+
+    K.toy_solution(tmp_path / "src")
+    release(tmp_path / "src", tmp_path / "out")
+    first = load_manifest(tmp_path / "out")
+    assert set(first["ex90"]) == {"ex90_double_test", "ex90_square_test"} and all(len(v) == 1 for v in first["ex90"].values())
+    nb = K.load(tmp_path / "src" / "ex90_toy.ipynb")
+    K.cell_with(nb, "ex90_square_test")["source"] = "assert square(4) == 16, 'square(4) should be 16'"
+    K.save(nb, tmp_path / "src" / "ex90_toy.ipynb")
+    release(tmp_path / "src", tmp_path / "out")
+    second = load_manifest(tmp_path / "out")
+    assert second["ex90"]["ex90_double_test"] == first["ex90"]["ex90_double_test"]
+    assert second["ex90"]["ex90_square_test"][0] == first["ex90"]["ex90_square_test"][0] and len(second["ex90"]["ex90_square_test"]) == 2
+
+
+def _earliest_release(path: str) -> dict | None:
+    import subprocess
+
+    try:
+        commits = subprocess.run(["git", "-C", str(REPO), "rev-list", "HEAD", "--", path], capture_output=True, text=True,
+                                 check=True).stdout.split()
+        return json.loads(subprocess.run(["git", "-C", str(REPO), "show", f"{commits[-1]}:{path}"], capture_output=True,
+                                         text=True, check=True).stdout) if commits else None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def test_a_submission_on_an_earlier_release_grades_like_the_same_answers_on_todays(tmp_path):
+    """ex01's first release (from git history) had other ex01_scores and ex01_attention tests: the same
+    answers on it and on today's release get the same statuses and points, never `tampered`; validate
+    says the tests come from an earlier release."""
+    from tinytf.course.grade import grade
+    from tinytf.course.validate import format_report, validate
+
+    old = _earliest_release("exercises/ex01_by_hand.ipynb")
+    if old is None:
+        pytest.skip("no git history of exercises/ex01_by_hand.ipynb here")
+    today, sol = K.load(REPO / "exercises" / "ex01_by_hand.ipynb"), K.load(REPO / "solutions" / "ex01_by_hand.ipynb")
+    changed = [g for g in ("ex01_hand_qk", "ex01_scores", "ex01_softmax", "ex01_attention")
+               if K.src(K.cell_with(old, g)).strip() != K.src(K.cell_with(today, g)).strip()]
+    assert changed, "the earliest release differs from today's in some test cell"
+    subs = tmp_path / "subs"
+    K.save(K.solved(today, sol), subs / "today" / "ex01_by_hand.ipynb")
+    earlier = K.save(K.solved(old, sol), subs / "earlier" / "ex01_by_hand.ipynb")
+    report = validate(earlier)
+    assert report.ok and not report.structure and len(report.notes) == len(changed), format_report(report)
+    assert all("earlier release of ex01" in n for n in report.notes)
+    results = grade(subs, tmp_path / "out", exercises=["ex01"], timeout=120, released=REPO / "exercises", progress=False)
+    cells = {r.student: {c.cell: (c.status, c.points) for c in r.cells} for r in results}
+    assert len(cells["today"]) == 4 and cells["earlier"] == cells["today"], cells
+    messages = {c.cell: c.message for r in results if r.student == "earlier" for c in r.cells}
+    assert all("earlier release of ex01" in messages[g] for g in changed), messages

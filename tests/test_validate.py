@@ -11,6 +11,7 @@ import pytest
 
 from tinytf.course.cli import main
 from tinytf.course.nbgrader_root import REPO
+from tinytf.course.release import release
 from tinytf.course.validate import diagnose_json, self_check, validate
 
 pytestmark = pytest.mark.grading  # real validate/grade runs: make unit, not make test-fast
@@ -117,3 +118,91 @@ def test_self_check_speaks_the_notebook_language(tmp_path, monkeypatch, capsys):
     self_check("ex01")
     out = capsys.readouterr().out
     assert "ex01 自检" in out and "tinytf validate exercises/zh/ex01_by_hand.ipynb" in out and "Result" not in out, out
+
+
+
+def _slow_toy(folder):
+    """``folder/ex90_slow.ipynb``: a toy exercise with no imports (nothing slow but what a test makes slow)."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    def meta(gid, **kw):
+        return {"nbgrader": {"schema_version": 3, "grade_id": gid, "solution": False, "grade": False, "locked": True,
+                             "task": False, **kw}}
+
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb.cells = [new_code_cell("import time", metadata=meta("ex90_setup")),
+                new_code_cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
+                              metadata=meta("ex90_double", solution=True, locked=False)),
+                new_code_cell("assert double(2) == 4\n### BEGIN HIDDEN TESTS\nassert double(5) == 10, 'hidden'\n### END HIDDEN TESTS",
+                              metadata=meta("ex90_double_test", grade=True, points=2)),
+                new_code_cell("def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION",
+                              metadata=meta("ex90_square", solution=True, locked=False)),
+                new_code_cell("assert square(3) == 9", metadata=meta("ex90_square_test", grade=True, points=1))]
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / "ex90_slow.ipynb")
+
+
+def test_a_cell_stopped_for_time_is_said_in_words_not_as_a_keyboard_interrupt(tmp_path):
+    """A slow cell (here: one that sleeps past a 2 s limit, and a function too slow for its test) is
+    reported as stopped for time — which cell, the limit, what to do — never as a KeyboardInterrupt;
+    the diagnosis then runs on what was defined and does not rerun the stopped test."""
+    from tinytf.course.validate import format_report
+
+    released = tmp_path / "released"
+    _slow_toy(tmp_path / "src")
+    release(tmp_path / "src", released)
+    nb = K.solved(K.load(released / "ex90_slow.ipynb"), K.load(tmp_path / "src" / "ex90_slow.ipynb"))
+    nb = K.edited(nb, "ex90_double", "def double(x):\n    time.sleep(60)\n    return 2 * x")
+    nb = K.add_cell(nb, "time.sleep(60)  # a long training loop", index=1)
+    for lang, words in (("en", ("was stopped after", "the limit is 2 s per cell", "fast = True", "--timeout 300")),
+                        ("zh", ("后被停止", "每个单元的时间限制是 2 秒", "fast = True", "--timeout 300"))):
+        nb.setdefault("metadata", {})["tinytf"] = {"edition": lang}
+        path = K.save(nb, tmp_path / lang / "ex90_slow.ipynb")
+        report = validate(path, released_dir=released, timeout=2)
+        text = format_report(report)
+        assert len(report.stopped) == 2, text  # the sleeping cell and the test whose double sleeps
+        assert report.stopped[0].startswith(("cell 2 ", "第 2 个单元")) and report.stopped[1].startswith(("cell 4 ", "第 4 个单元")), text
+        assert all(w in line for w in words for line in report.stopped), text
+        double = next(c for c in report.cells if c.grade_id == "ex90_double_test")
+        assert double.status == "timeout" and ("2 s" in double.message or "2 秒" in double.message), text
+        assert next(c for c in report.cells if c.grade_id == "ex90_square_test").status == "pass", text
+        assert "KeyboardInterrupt" not in text and not report.diagnosis_error and not report.cell_errors, text
+        assert not report.ok
+
+
+def test_grade_says_a_stopped_cell_in_words_in_both_languages():
+    """grade's side of a cell stopped for time: the limit, how long it had run, what to do; in Chinese too."""
+    from tinytf.course.finish import classify_test_cell
+    from tinytf.course.messages import translate
+
+    cell = {"cell_type": "code", "execution_count": 3, "source": "train_check()", "metadata": {"execution": {
+        "iopub.execute_input": "2026-01-01T10:00:00.000000Z", "shell.execute_reply": "2026-01-01T10:01:01.500000Z"}},
+        "outputs": [{"output_type": "error", "ename": "KeyboardInterrupt", "evalue": "", "traceback": []},
+                    {"output_type": "error", "ename": "CellTimeoutError", "evalue": "", "traceback": []}]}
+    status, msg = classify_test_cell(cell, 60)
+    assert status == "timeout" and "limit of 60 s" in msg and "had run 62 s" in msg and "fast = True" in msg, msg
+    assert "KeyboardInterrupt" not in msg
+    zh = translate(msg, "zh")
+    assert "时间限制（60 秒）" in zh and "fast = True" in zh and "已被停止" in zh and "ran past" not in zh, zh
+
+
+def test_an_instructor_source_is_checked_as_a_source(tmp_path):
+    """``tinytf validate solutions/exNN_….ipynb``: the source's own tests run, hidden ones too, and a correct
+    source passes (exit 0); a source whose hidden test fails is FAILED; a student's copy is compared with
+    the release as before."""
+    _slow_toy(tmp_path / "src")
+    released = tmp_path / "released"
+    release(tmp_path / "src", released)
+    source = tmp_path / "src" / "ex90_slow.ipynb"
+    assert main(["validate", str(source), "--released", str(released), "--timeout", "30"]) == 0
+    report = validate(source, released_dir=released, timeout=30)
+    assert report.source and report.ok and [c.status for c in report.cells] == ["pass", "pass"] and not report.structure
+    broken = K.edited(K.load(source), "ex90_double", "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x if x < 5 else 0\n"
+                      "    ### END SOLUTION")
+    report = validate(K.save(broken, tmp_path / "broken" / "ex90_slow.ipynb"), released_dir=released, timeout=30)
+    assert report.source and not report.ok and report.cells[0].status == "fail" and "hidden" in report.cells[0].message
+    student = K.solved(K.load(released / "ex90_slow.ipynb"), K.load(source))
+    student = K.edited(student, "ex90_square_test", "assert True")
+    report = validate(K.save(student, tmp_path / "student" / "ex90_slow.ipynb"), released_dir=released, timeout=30)
+    assert not report.source and report.problems == {"ex90_square_test": "edited"} and not report.ok

@@ -38,6 +38,7 @@ from .notebook import (
     strip_hidden,
     write_atomic,
 )
+from .release import earlier_release, load_manifest
 
 __all__ = ["CellSpec", "grade_specs", "classify_test_cell", "judge_cells", "sanitize_for_feedback", "main"]
 
@@ -79,15 +80,36 @@ def _error_line(cell: dict, tb: list[str]) -> int | None:
     return lines[0] if lines else None
 
 
-def classify_test_cell(cell: dict) -> tuple[str, str]:
-    """``(status, message)`` of an executed test cell from its outputs (before judging)."""
+def _ran_for(cell: dict) -> float | None:
+    """Seconds the cell ran, from nbclient's timing metadata (``iopub.execute_input`` to ``shell.execute_reply``)."""
+    from datetime import datetime
+
+    times = cell.get("metadata", {}).get("execution", {})
+    try:
+        start, end = (datetime.fromisoformat(str(times[k]).replace("Z", "+00:00")) for k in ("iopub.execute_input", "shell.execute_reply"))
+    except (KeyError, ValueError):
+        return None
+    return max(0.0, (end - start).total_seconds())
+
+
+def timeout_message(cell: dict, limit: float | None = None) -> str:
+    """A cell stopped for time, in words: the limit, how long it had run, and what to do (slow is not wrong)."""
+    ran = _ran_for(cell)
+    return ("the cell ran past the per-cell time limit" + (f" of {limit:g} s" if limit else "")
+            + (f" (it had run {ran:.0f} s)" if ran is not None else "")
+            + " and was stopped: too slow, not wrong. Set fast = True in the parameters cell or use fewer steps")
+
+
+def classify_test_cell(cell: dict, limit: float | None = None) -> tuple[str, str]:
+    """``(status, message)`` of an executed test cell from its outputs (before judging); ``limit``: the
+    per-cell time limit it ran under (said when it was stopped for time)."""
     errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     if not errors:
         return "ok", ""
     err = errors[-1]
     ename, evalue = str(err.get("ename", "Error")), strip_ansi(str(err.get("evalue", "")))
     if ename == "CellTimeoutError":
-        return "timeout", "the cell ran past the per-cell time limit"
+        return "timeout", timeout_message(cell, limit)
     line = _error_line(cell, list(err.get("traceback", [])))
     if line is None or line in hidden_lines(cell_source(cell)):
         where, evalue = "a hidden test", ""
@@ -117,23 +139,34 @@ def _executed(job: Path, student: str, ex: str, name: str) -> tuple[dict, str]:
 
 
 def _cell_status(spec: CellSpec, cell: dict | None, executed: dict[str, dict], records: dict, timed_out: bool,
-                 note: str) -> tuple[str, str]:
-    """``(status, message)`` of one graded cell of one job."""
-    from .judges import run_judge
-
+                 note: str, limit: float | None = None, manifest: dict | None = None, ex: str = "") -> tuple[str, str]:
+    """``(status, message)`` of one graded cell of one job; ``manifest``: every release's test cells
+    (:func:`tinytf.course.release.load_manifest`), a test cell matching one of them is no edit."""
     if cell is None:
         return "missing-cell", "this test cell is missing from the submission (deleted, renamed, or metadata stripped)"
     if spec.kind == "manual":
         return "needs-manual-grade", "written answer: an instructor grades it"
-    if cell_source(cell).strip() not in {spec.visible.strip(), *(a.strip() for a in spec.also)}:
-        return "tampered", "this locked test cell was edited; edited test cells earn 0"
+    status, message = _graded_status(spec, executed, records, timed_out, note, limit)
+    if cell_source(cell).strip() in {spec.visible.strip(), *(a.strip() for a in spec.also)}:
+        return status, message
+    if earlier_release(manifest or {}, ex, spec.grade_id, cell_source(cell)):  # not tampering: today's version ran
+        return status, "; ".join(m for m in (f"this test comes from an earlier release of {ex}; today's version was run",
+                                             message) if m)
+    return "tampered", "this locked test cell was edited; edited test cells earn 0"
+
+
+def _graded_status(spec: CellSpec, executed: dict[str, dict], records: dict, timed_out: bool, note: str,
+                   limit: float | None) -> tuple[str, str]:
+    """``(status, message)`` of a test cell whose source is accepted, from the run and its judge."""
+    from .judges import run_judge
+
     if timed_out:
         return "timeout", note
     if not executed:
         return "error", note
     if spec.grade_id not in executed:
         return "missing-cell", "this test cell is missing from the graded notebook"
-    status, message = classify_test_cell(executed[spec.grade_id])
+    status, message = classify_test_cell(executed[spec.grade_id], limit)
     if status != "ok":
         return status, message
     rec = records.get(spec.grade_id)
@@ -146,6 +179,16 @@ def _cell_status(spec: CellSpec, cell: dict | None, executed: dict[str, dict], r
             return "tampered", f"the cell passed only because {', '.join(patched)} had been replaced; the independent check: {why}"[:300]
         return "failed", f"wrong result (found by the independent check): {why}"[:300]
     return "ok", ""
+
+
+def _stopped_cells(nb: dict, limit: float | None) -> list[str]:
+    """The student's own cells (not test cells) that were stopped for time, in words."""
+    from .notebook import describe_cell, is_test_cell
+
+    cells = nb.get("cells", []) if nb else []
+    return [f"{describe_cell(cells, i)}: {timeout_message(c, limit)}" for i, c in enumerate(cells)
+            if c.get("cell_type") == "code" and not is_test_cell(c)
+            and any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError" for o in c.get("outputs", []))]
 
 
 def judge_cells(job: Path, course: Path, ex: str, student: str, name: str, submission: Path) -> tuple[list[CellResult], str, dict]:
@@ -161,9 +204,14 @@ def judge_cells(job: Path, course: Path, ex: str, student: str, name: str, submi
     records = load_records(job / "records")
     executed = cells_by_id(autograded)
     timed_out = bool(load_json(job / "sandbox.json")["timed_out"])
+    config = job.parent / f"{student}__{ex}.nbgrader.json"
+    limit = load_json(config).get("Execute", {}).get("timeout") if config.exists() else None
+    note = "; ".join(x for x in (note, *_stopped_cells(autograded, limit)) if x)
+    manifest = load_manifest(course / "released-earlier")
     results = []
     for spec in specs:
-        status, message = _cell_status(spec, submitted.get(spec.grade_id), executed, records, timed_out, note)
+        status, message = _cell_status(spec, submitted.get(spec.grade_id), executed, records, timed_out, note, limit,
+                                       manifest, ex)
         results.append(CellResult(student, ex, spec.grade_id, spec.points if status == "ok" else 0.0, spec.points, status, message))
     return results, note, autograded
 

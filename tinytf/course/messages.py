@@ -17,6 +17,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "header": ("tinytf validate {path}  (exercise {ex})", "tinytf validate {path}（练习 {ex}）"),
     "tests": ("Test cells (visible tests; the grader also runs hidden tests on fresh inputs):",
               "测试单元（可见测试；评分时还会在新的随机输入上运行隐藏测试）："),
+    "tests_source": ("Test cells (an instructor source: every visible and hidden test, as written here):",
+                     "测试单元（教师源笔记本：所有可见测试和隐藏测试，按这里写的运行）："),
     "points": ("{pts:g} pt", "{pts:g} 分"),
     "cell_error": ("error in your cell {what}", "你的单元出错：{what}"),
     "diagnosis": ("Diagnosis (tinytf.checks):", "诊断（tinytf.checks）："),
@@ -42,7 +44,26 @@ MESSAGES: dict[str, tuple[str, str]] = {
                 "测试单元 {gid} 被删除或改名：评分时记 0 分；请从发布的练习中把它复制回来"),
     "edited": ("test cell {gid} was edited: edited test cells earn 0 when graded; the released version was run here instead",
                "测试单元 {gid} 被修改：被修改的测试单元评分时记 0 分；这里运行的是发布版本"),
+    "earlier_release": ("test cell {gid} comes from an earlier release of {ex}; today's version was run (graded normally)",
+                        "测试单元 {gid} 来自 {ex} 的早期发布版本；这里运行的是今天的版本（正常评分）"),
     "cannot_read": ("cannot read {name}: {error}", "无法读取 {name}：{error}"),
+    # a cell stopped for time (validate, the self-check, grade): slow is not wrong
+    "stopped": ("{where} was stopped after {ran:.0f} s: the limit is {limit:g} s per cell. This is no error in your code, it was "
+                "too slow here. Set fast = True in the parameters cell, use fewer steps, or give it longer: "
+                "tinytf validate --timeout 300 {path}",
+                "{where} 运行了 {ran:.0f} 秒后被停止：每个单元的时间限制是 {limit:g} 秒。这不是你代码里的错误，只是它在这里太慢。"
+                "请在 parameters 单元里设 fast = True、减少训练步数，或者给它更多时间：tinytf validate --timeout 300 {path}"),
+    "stopped_test": ("stopped after {ran:.0f} s (the limit is {limit:g} s per cell): too slow, not wrong; see below",
+                     "运行 {ran:.0f} 秒后被停止（每个单元限时 {limit:g} 秒）：是太慢，不是错误；见下文"),
+    "stopped_skipped": ("not rerun: it was stopped for time above", "未重新运行：它在上面已因超时被停止"),
+    "diagnosis_stopped": ("the diagnosis was stopped after {ran:.0f} s (its limit is {limit:g} s), so it says nothing about "
+                          "your functions; give it longer: tinytf validate --timeout 300 {path}",
+                          "诊断运行了 {ran:.0f} 秒后被停止（限时 {limit:g} 秒），因此没有对你的函数下任何结论；"
+                          "请给它更多时间：tinytf validate --timeout 300 {path}"),
+    "sc_interrupted": ("{ex} self-check was interrupted after {ran:.0f} s, before it finished (it reruns every visible "
+                       "test, and a training test takes as long as its cell): set fast = True or use fewer steps, then run it again",
+                       "{ex} 自检运行了 {ran:.0f} 秒后被中断，没有做完（它会重新运行所有可见测试，训练类的测试和它的单元一样慢）："
+                       "请设 fast = True 或减少步数，然后重新运行"),
     # self_check
     "sc_title": ("{ex} self-check (the same check as tinytf validate, in this kernel):",
                  "{ex} 自检（与 tinytf validate 相同的检查，在当前内核中运行）："),
@@ -73,12 +94,18 @@ _PHRASES: tuple[tuple[str, str], ...] = (
      "提交的笔记本里没有这个测试单元（被删除、改名，或元数据被删掉）"),
     ("this test cell is missing from the graded notebook", "评分后的笔记本里没有这个测试单元"),
     ("written answer: an instructor grades it", "书面回答：由教师评分"),
+    ("this test comes from an earlier release of ", "这个测试来自早期发布的 "),
+    ("; today's version was run", "；运行的是今天的版本"),
     ("this locked test cell was edited; edited test cells earn 0", "这个锁定的测试单元被修改了；被修改的测试单元记 0 分"),
     ("the cell passed but exported no result for the independent check", "这个单元通过了，但没有把结果交给独立检查"),
     ("wrong result (found by the independent check): ", "结果错误（独立检查发现）："),
     ("had been replaced; the independent check: ", "已被替换；独立检查："),
     ("the cell passed only because ", "这个单元之所以通过，只是因为 "),
     ("the cell ran past the per-cell time limit", "这个单元超过了每个单元的时间限制"),
+    (" and was stopped: too slow, not wrong. Set fast = True in the parameters cell or use fewer steps",
+     "，已被停止：是太慢，不是错误。请在 parameters 单元里设 fast = True 或减少步数"),
+    ("ran past the per-cell time limit", "超过了每个单元的时间限制"),
+    (" it had run ", "已运行 "),
     ("the notebook's kernel died (os._exit, a crash, or the memory limit) and grading stopped",
      "笔记本的内核退出了（os._exit、崩溃或超出内存限制），评分中止"),
     ("the notebook ran past the whole-notebook limit", "笔记本超过了整本的时间限制"),
@@ -108,4 +135,7 @@ def translate(message: str, lang: str = "en") -> str:
         return message
     for en, zh in _PHRASES:
         message = message.replace(en, zh)
+    message = re.sub(r"\bcell (\d+) \(defines ([^)]*)\)", r"第 \1 个单元（定义 \2）", message)
+    message = re.sub(r"\bcell (\d+)\b", r"第 \1 个单元", message)
+    message = re.sub(r" of ([\d.]+) s\b", r"（\1 秒）", message)
     return re.sub(r"\(([\d.]+) s\)", r"（\1 秒）", message)

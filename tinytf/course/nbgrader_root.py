@@ -184,6 +184,9 @@ def course_root_key(solutions: dict[str, Path], released: str | os.PathLike | No
         copy = Path(released) / Path(path).name if released else None
         if copy is not None and copy.is_file():
             h.update(f"released {copy.name}\n".encode() + copy.read_bytes())
+    manifest = Path(released) / "releases.json" if released else None
+    if manifest is not None and manifest.is_file():  # every release's test cells (tinytf.course.release)
+        h.update(b"releases.json\n" + manifest.read_bytes())
     for py in sorted(Path(source).rglob("*.py")):
         h.update(f"source {py.relative_to(source).as_posix()}\n".encode() + py.read_bytes())
     return h.hexdigest()[:24]
@@ -223,6 +226,9 @@ def cached_course_root(solutions_dir: str | os.PathLike = REPO / "solutions", ex
             if released and (Path(released) / path.name).is_file():
                 (tmp / "released-earlier").mkdir(exist_ok=True)
                 shutil.copyfile(Path(released) / path.name, tmp / "released-earlier" / path.name)
+        if released and (Path(released) / "releases.json").is_file():  # every release's test cells
+            (tmp / "released-earlier").mkdir(exist_ok=True)
+            shutil.copyfile(Path(released) / "releases.json", tmp / "released-earlier" / "releases.json")
         try:
             os.rename(tmp, root)
         except OSError:  # another process put the same root in place first

@@ -19,6 +19,8 @@ import contextlib
 import io
 import json
 import os
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,8 @@ from tinytf.language import notebook_language
 from .messages import say
 from .nbgrader_root import REPO
 from .notebook import cell_source, describe_cell, first_line, nbgrader_meta, read_notebook
-from .validate import Report, diagnose_json, find_released, format_report, released_folder, restore_tests
+from .release import load_manifest
+from .validate import Report, diagnose_json, find_released, format_report, is_source, released_folder, restore_tests
 
 __all__ = ["in_kernel_check", "check_json", "self_check"]
 
@@ -57,8 +60,12 @@ def _run_test(source: str, namespace: dict[str, Any]) -> tuple[str, str]:
     return "pass", ""
 
 
-def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang: str | None = None) -> Report:
-    """The :class:`~tinytf.course.validate.Report` of this kernel: structure, visible tests, diagnosis."""
+def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang: str | None = None,
+                    skip: Iterable[str] = ()) -> Report:
+    """The :class:`~tinytf.course.validate.Report` of this kernel: structure, visible tests, diagnosis.
+
+    ``skip``: test cells not to rerun (validate stopped them for time; the diagnosis runs on what was defined).
+    """
     from .validate import CellCheck
 
     if namespace is None:
@@ -73,13 +80,14 @@ def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang
     student = read_notebook(path) if path else (released or {"cells": []})
     if path is None:
         report.structure.append(say("no_saved", lang, ex=exercise))
-    if released is None:
+    if released is None and not (path and is_source(student)):
         report.structure.append(say("no_release", lang))
-    nb, tests = restore_tests(student, released, report)
+    nb, tests = restore_tests(student, released, report, load_manifest(released_folder(lang, None)))
     index = {nbgrader_meta(c).get("grade_id"): i for i, c in enumerate(nb["cells"])}
+    skip = set(skip)
     for gid, pts in tests:
         source = cell_source(nb["cells"][index[gid]]) if gid in index else ""
-        status, message = _run_test(source, namespace)
+        status, message = ("timeout", say("stopped_skipped", lang)) if gid in skip else _run_test(source, namespace)
         message = say("not_implemented", lang) if message == "not_implemented" else message
         where = describe_cell(nb["cells"], index[gid], lang) if gid in index else ""
         report.cells.append(CellCheck(gid, pts, status, message, report.problems.get(gid, ""), where))
@@ -91,11 +99,11 @@ def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang
     return report
 
 
-def check_json(exercise: str) -> str:
+def check_json(exercise: str, skip: Iterable[str] = ()) -> str:
     """JSON for ``tinytf validate``: the diagnosis and this check's own verdict, ``{"findings", "ok",
-    "tests"}`` (or ``{"error"}``)."""
+    "tests"}`` (or ``{"error"}``); ``skip``: test cells validate stopped for time (not rerun)."""
     try:
-        r = in_kernel_check(exercise)
+        r = in_kernel_check(exercise, skip=skip)
         if r.diagnosis_error:
             return json.dumps({"error": r.diagnosis_error, "ok": False, "tests": {c.grade_id: c.status for c in r.cells}})
         return json.dumps({"findings": r.findings, "ok": r.ok, "tests": {c.grade_id: c.status for c in r.cells}})
@@ -104,7 +112,9 @@ def check_json(exercise: str) -> str:
 
 
 def self_check(exercise: str) -> None:
-    """Print this kernel's check of ``exercise`` in the notebook's language; never raises."""
+    """Print this kernel's check of ``exercise`` in the notebook's language; never raises (an interrupt
+    — the stop button, or a time limit — is said in words)."""
+    started = time.monotonic()
     try:
         import importlib.util
 
@@ -118,5 +128,7 @@ def self_check(exercise: str) -> None:
         rel = find_released(exercise, folder)
         where = (folder / (rel.name if rel else f"{exercise}_….ipynb")).relative_to(REPO).as_posix()
         print(say("sc_full", report.lang, where=where))
+    except KeyboardInterrupt:
+        print(say("sc_interrupted", notebook_language(), ex=exercise, ran=time.monotonic() - started))
     except BaseException as err:  # noqa: BLE001 - the last cell of an exercise must never fail
         print(f"{exercise} self-check could not run ({type(err).__name__}: {first_line(str(err))}).")

@@ -27,9 +27,11 @@ from tinytf.language import edition_of
 from .messages import say
 from .nbgrader_root import REPO, exercise_id
 from .notebook import cell_source, describe_cell, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook
+from .release import EDITION_FOLDERS, earlier_release, load_manifest
 
 __all__ = [
-    "CellCheck", "Report", "validate", "format_report", "self_check", "diagnose_json", "find_released", "released_folder", "restore_tests",
+    "CellCheck", "Report", "is_source", "validate", "format_report", "self_check", "diagnose_json", "find_released",
+    "released_folder", "restore_tests",
 ]
 
 _MARK = "__TINYTF_DIAGNOSIS__"
@@ -60,11 +62,15 @@ class Report:
     problems: dict[str, str] = field(default_factory=dict)  # grade_id -> "deleted" / "edited"
     self_check_ok: bool | None = None  # the in-kernel self-check's verdict at the end of validate's run
     lang: str = "en"  # the notebook's edition (metadata.tinytf.edition): the report speaks it
+    stopped: list[str] = field(default_factory=list)  # cells stopped for time, said in words
+    notes: list[str] = field(default_factory=list)  # said, but nothing wrong (a test from an earlier release)
+    source: bool = False  # an instructor source (solutions/): its own tests, hidden ones too, ran as written
 
     @property
     def ok(self) -> bool:
-        """True when the notebook ran, every visible test passed and nothing was deleted or edited."""
-        return not self.fatal and not self.structure and all(c.status == "pass" for c in self.cells) and not self.findings
+        """True when the notebook ran (no cell stopped for time), every visible test passed and nothing was deleted or edited."""
+        return (not self.fatal and not self.structure and not self.stopped and all(c.status == "pass" for c in self.cells)
+                and not self.findings)
 
 
 def find_released(ex: str, released_dir: Path) -> Path | None:
@@ -73,12 +79,26 @@ def find_released(ex: str, released_dir: Path) -> Path | None:
     return hits[0] if hits else None
 
 
-def restore_tests(student: dict, released: dict | None, report: Report) -> tuple[dict, list[tuple[str, float]]]:
-    """The notebook to execute (released tests restored) and the ``(grade_id, points)`` to report on."""
+def is_source(nb: dict) -> bool:
+    """An instructor source (``solutions/``), not a student's copy: a solution cell still holds nbgrader's
+    ``### BEGIN SOLUTION`` region (release replaces every one of them by ``raise NotImplementedError()``)."""
+    return any(nbgrader_meta(c).get("solution") and "### BEGIN SOLUTION" in cell_source(c) for c in nb.get("cells", []))
+
+
+def restore_tests(student: dict, released: dict | None, report: Report,
+                  manifest: dict | None = None) -> tuple[dict, list[tuple[str, float]]]:
+    """The notebook to execute (released tests restored) and the ``(grade_id, points)`` to report on.
+
+    An instructor source (:func:`is_source`) is checked as a source: its own test cells, hidden tests
+    included, run as written, and none is compared with the release. A test cell that differs from
+    today's release but matches an earlier one (``manifest``: :func:`tinytf.course.release.load_manifest`)
+    is not edited: today's version runs, and a note says so.
+    """
     nb = copy.deepcopy(student)
     for cell in nb["cells"]:
         cell["source"] = cell_source(cell)
-    if released is None:
+    report.source = is_source(nb)
+    if released is None or report.source:
         tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in nb["cells"] if is_test_cell(c)]
         return nb, tests
     rel_cells = released["cells"]
@@ -104,7 +124,10 @@ def restore_tests(student: dict, released: dict | None, report: Report) -> tuple
             nb["cells"].insert(idx, restored)
             by_id[gid] = restored
         elif cell_source(mine).strip() != cell_source(rel).strip():
-            if is_test_cell(rel):
+            if is_test_cell(rel) and earlier_release(manifest or {}, report.exercise, gid, cell_source(mine)):
+                report.notes.append(say("earlier_release", report.lang, gid=gid, ex=report.exercise))
+                report.problems[gid] = "earlier release"
+            elif is_test_cell(rel):
                 report.structure.append(say("edited", report.lang, gid=gid))
                 report.problems[gid] = "edited"
             mine["source"] = cell_source(rel)
@@ -118,7 +141,12 @@ def diagnose_json(exercise: str, namespace: dict | None = None) -> str:
             import __main__
 
             namespace = vars(__main__)
-        mod = importlib.import_module(f"tinytf.course.reference.{exercise}")
+        try:
+            mod = importlib.import_module(f"tinytf.course.reference.{exercise}")
+        except ModuleNotFoundError as err:
+            if err.name != f"tinytf.course.reference.{exercise}":
+                raise
+            mod = None
         fn = getattr(mod, "diagnose", None)
         if fn is None:
             return json.dumps({"findings": [], "note": f"no diagnosis is available for {exercise}"})
@@ -129,8 +157,31 @@ def diagnose_json(exercise: str, namespace: dict | None = None) -> str:
         return json.dumps({"error": f"{type(err).__name__}: {err}"[:500]})
 
 
-def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float) -> tuple[dict, dict | None, str]:
-    """Execute ``nb`` (allow_errors) then the diagnosis; ``(executed nb, diagnosis, fatal message)``."""
+@dataclass
+class _Run:
+    """What :func:`_execute` saw: ``stopped`` maps a cell index to the seconds it ran before it was stopped for time."""
+
+    executed: Any
+    diag: dict | None
+    fatal: str
+    stopped: dict[int, float] = field(default_factory=dict)
+
+
+def _diag_code(ex: str, skip: list[str]) -> str:
+    return (f"from tinytf.course.selfcheck import check_json as _tinytf_cj\n"
+            f"print({_MARK!r} + _tinytf_cj({ex!r}, skip={skip!r}))")
+
+
+def _mark_stopped(cell: Any, ran: float, timeout: int) -> None:
+    """A cell stopped for time: its ``KeyboardInterrupt`` (the interrupt that stopped it) becomes a ``CellTimeoutError``."""
+    outs = [o for o in cell.get("outputs", []) if not (o.get("output_type") == "error" and o.get("ename") == "KeyboardInterrupt")]
+    text = f"the cell was stopped after {ran:.0f} s (the limit is {timeout} s per cell)"
+    outs.append({"output_type": "error", "ename": "CellTimeoutError", "evalue": text, "traceback": [f"CellTimeoutError: {text}"]})
+    cell["outputs"] = outs
+
+
+def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float) -> _Run:
+    """Execute ``nb`` (allow_errors) then the diagnosis, noting each cell stopped for time."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
@@ -140,43 +191,54 @@ def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float
     node = nbformat.from_dict(nb)
     node.cells = [c for c in node.cells if "self_check(" not in cell_source(c)]  # the diagnosis below replaces it
     # the self-check's verdict in this kernel too: validate and the self-check must agree (tests/test_corpus.py)
-    diag_code = f"from tinytf.course.selfcheck import check_json as _tinytf_cj\nprint({_MARK!r} + _tinytf_cj({ex!r}))"
-    node.cells.append(nbformat.v4.new_code_cell(diag_code))
+    node.cells.append(nbformat.v4.new_code_cell(_diag_code(ex, [])))
+    timed_out: set[int] = set()
+
+    def on_error(cell: Any, cell_index: int, execute_reply: dict) -> None:  # nbclient's hook: our error_on_timeout reply
+        if execute_reply.get("content", {}).get("ename") == "CellTimeoutError":
+            timed_out.add(cell_index)
+
+    limits = {len(node.cells) - 1: max(timeout, 120)}  # the diagnosis reruns the visible tests: it gets longer
     client = NotebookClient(node, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
-                            config=kernel_config(),
-                            error_on_timeout={"ename": "CellTimeoutError", "evalue": f"the cell ran for more than {timeout} s",
-                                              "traceback": [f"CellTimeoutError: the cell ran for more than {timeout} s"]},
+                            config=kernel_config(), on_cell_error=on_error,
+                            timeout_func=lambda cell: limits.get(next((i for i, c in enumerate(node.cells) if c is cell), -1), timeout),
+                            error_on_timeout={"ename": "CellTimeoutError", "evalue": "", "traceback": []},
                             resources={"metadata": {"path": str(cwd)}})
-    fatal = ""
+    run = _Run(None, None, "")
     deadline = time.monotonic() + notebook_timeout
     try:
         with client.setup_kernel():
             for i, cell in enumerate(node.cells):
                 if time.monotonic() > deadline:
-                    fatal = f"the notebook ran for more than {notebook_timeout:g} s; the remaining cells were not run"
+                    run.fatal = f"the notebook ran for more than {notebook_timeout:g} s; the remaining cells were not run"
                     break
+                if i == len(node.cells) - 1:  # the diagnosis skips the tests already stopped for time
+                    skip = [nbgrader_meta(node.cells[j]).get("grade_id") for j in run.stopped if is_test_cell(node.cells[j])]
+                    cell.source = _diag_code(ex, [g for g in skip if g])
+                started = time.monotonic()
                 client.execute_cell(cell, i)
+                if i in timed_out:
+                    run.stopped[i] = time.monotonic() - started
+                    _mark_stopped(cell, run.stopped[i], limits.get(i, timeout))
     except DeadKernelError:
-        fatal = "the kernel died (os._exit, a crash, or out of memory); the cells after it did not run"
+        run.fatal = "the kernel died (os._exit, a crash, or out of memory); the cells after it did not run"
     except Exception as err:  # noqa: BLE001 - report, do not crash
-        fatal = f"the notebook could not be run: {type(err).__name__}: {err}"[:300]
-    diag = None
+        run.fatal = f"the notebook could not be run: {type(err).__name__}: {err}"[:300]
     for out in node.cells[-1].get("outputs", []):
         text = cell_source({"source": out.get("text", "")})
         if _MARK in text:
             try:
-                diag = json.loads(text.split(_MARK, 1)[1].strip())
+                run.diag = json.loads(text.split(_MARK, 1)[1].strip())
             except json.JSONDecodeError:
-                diag = {"error": "the diagnosis output could not be read"}
-    return nbformat.from_dict(node), diag, fatal
+                run.diag = {"error": "the diagnosis output could not be read"}
+    run.executed = nbformat.from_dict(node)
+    return run
 
 
 def released_folder(lang: str, released_dir: str | os.PathLike | None) -> Path:
     """Where the released version of a notebook of edition ``lang`` is: ``exercises/`` or ``exercises/zh/``."""
     if released_dir:
         return Path(released_dir)
-    from .release import EDITION_FOLDERS
-
     return REPO / EDITION_FOLDERS.get(lang, EDITION_FOLDERS["en"])[1]
 
 
@@ -220,41 +282,64 @@ def validate(path: str | os.PathLike, *, released_dir: str | os.PathLike | None 
         ids = [nbgrader_meta(c).get("grade_id", "") for c in student["cells"]]
         ex = next((i[:4] for i in ids if i and i[:2] == "ex" and i[2:4].isdigit()), "?")
         report.exercise = ex
-    rel_path = find_released(ex, released_folder(report.lang, released_dir)) if ex != "?" else None
+    folder = released_folder(report.lang, released_dir)
+    rel_path = find_released(ex, folder) if ex != "?" else None
     released = json.loads(rel_path.read_text(encoding="utf-8")) if rel_path else None
-    if released is None:
+    if released is None and not is_source(student):
         report.structure.append(say("no_release", report.lang))
-    nb, tests = restore_tests(student, released, report)
+    nb, tests = restore_tests(student, released, report, load_manifest(folder))
     previous = os.environ.get("TINYTF_LANG")
     os.environ["TINYTF_LANG"] = report.lang  # the kernel (started below) speaks the notebook's language
     try:
-        executed, diag, report.fatal = _execute(nb, ex, path.resolve().parent, timeout, notebook_timeout)
+        run = _execute(nb, ex, path.resolve().parent, timeout, notebook_timeout)
     finally:
         if previous is None:
             os.environ.pop("TINYTF_LANG", None)
         else:
             os.environ["TINYTF_LANG"] = previous
+    report.fatal = run.fatal
+    _read_run(report, run, tests, path, timeout)
+    return report
+
+
+def _read_run(report: Report, run: _Run, tests: list[tuple[str, float]], path: Path, timeout: int) -> None:
+    """Fill ``report`` from an executed notebook: test outcomes, errors in the student's cells, cells
+    stopped for time (in words: which, how long, what to do) and the diagnosis."""
+    executed, diag, lang = run.executed, run.diag, report.lang
+    last = len(executed.cells) - 1
+    for i, ran in sorted(run.stopped.items()):
+        if i != last:
+            where = describe_cell(executed.cells, i, lang)
+            report.stopped.append(say("stopped", lang, where=where, ran=ran, limit=timeout, path=path))
     cells = {nbgrader_meta(c).get("grade_id"): c for c in executed.cells if nbgrader_meta(c).get("grade_id")}
     for gid, pts in tests:
         cell = cells.get(gid)
-        where = next((describe_cell(executed.cells, i, report.lang) for i, c in enumerate(executed.cells) if c is cell), "")
-        report.cells.append(_test_check(gid, pts, cell, where, report.problems.get(gid, ""), report.lang))
+        i = next((i for i, c in enumerate(executed.cells) if c is cell), None)
+        where = describe_cell(executed.cells, i, lang) if i is not None else ""
+        check = _test_check(gid, pts, cell, where, report.problems.get(gid, ""), lang)
+        if i in run.stopped:
+            check.status, check.message = "timeout", say("stopped_test", lang, ran=run.stopped[i], limit=timeout)
+        report.cells.append(check)
     for i, cell in enumerate(executed.cells[:-1]):
-        if is_test_cell(cell) or cell.get("cell_type") != "code":
+        if is_test_cell(cell) or cell.get("cell_type") != "code" or i in run.stopped:
             continue
         for o in cell.get("outputs", []):
             if o.get("output_type") == "error" and o.get("ename") != "NotImplementedError":
-                what = f"{describe_cell(executed.cells, i, report.lang)}: {o.get('ename')}: {first_line(str(o.get('evalue', '')))}"
+                what = f"{describe_cell(executed.cells, i, lang)}: {o.get('ename')}: {first_line(str(o.get('evalue', '')))}"
                 report.cell_errors.append(what)
-    if diag is None:
-        report.diagnosis_error = say("no_diagnosis", report.lang)
-    elif "error" in diag:
-        report.diagnosis_error = say("diagnosis_failed", report.lang, error=diag["error"])
+    if last in run.stopped or (diag is not None and str(diag.get("error", "")).startswith("KeyboardInterrupt")):
+        ran = run.stopped.get(last, 0.0)
+        report.diagnosis_error = say("diagnosis_stopped", lang, ran=ran, limit=max(timeout, 120), path=path)
+    elif diag is None:
+        report.diagnosis_error = say("no_diagnosis", lang)
+    elif "error" in diag:  # the self-check's report words it already
+        failed = say("diagnosis_failed", lang, error="")
+        error = diag["error"]
+        report.diagnosis_error = error if str(error).startswith(failed) else say("diagnosis_failed", lang, error=error)
     else:
         report.findings = list(diag.get("findings", []))
-    if diag is not None and "ok" in diag:
+    if diag is not None and "ok" in diag and last not in run.stopped:
         report.self_check_ok = bool(diag["ok"])
-    return report
 
 
 def _finding_lines(f: dict[str, Any], lang: str) -> list[str]:
@@ -287,12 +372,15 @@ def format_report(r: Report, title: str | None = None) -> str:
         return "\n".join([*lines, f"  x {r.fatal}", say("result_failed", lang)])
     for s in r.structure:
         lines.append(f"  ! {s}")
-    lines.append(say("tests", lang))
+    for s in r.notes:
+        lines.append(f"  i {s}")
+    lines.append(say("tests_source" if r.source else "tests", lang))
     en_labels = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "timeout": "TIMEOUT", "not-run": "NOT RUN"}
     zh_labels = {"pass": "通过", "fail": "未通过", "error": "出错", "timeout": "超时", "not-run": "未运行"}
     labels = zh_labels if lang == "zh" else en_labels
     for c in r.cells:
-        problem = {"deleted": "已删除", "edited": "已修改"}.get(c.problem, c.problem) if lang == "zh" else c.problem
+        zh_problem = {"deleted": "已删除", "edited": "已修改", "earlier release": "早期版本"}
+        problem = zh_problem.get(c.problem, c.problem) if lang == "zh" else c.problem
         extra = f" [{problem}]" if problem else ""
         msg = f"  {c.message}" if c.message else ""
         pts = say("points", lang, pts=c.points)
@@ -302,6 +390,8 @@ def format_report(r: Report, title: str | None = None) -> str:
             lines.append(f"  {labels[c.status]:<7} {c.grade_id} ({pts}{', ' + c.where if c.where else ''}){extra}{msg}")
     for e in r.cell_errors:
         lines.append("  ! " + say("cell_error", lang, what=e))
+    for e in r.stopped:
+        lines.append("  ! " + e)
     if r.fatal:
         lines.append(f"  x {r.fatal}")
     lines.append(say("diagnosis", lang))

@@ -8,6 +8,7 @@ Student functions: ``mha_parameter_count(dim, heads, bias=True) -> int``,
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any
 
@@ -20,7 +21,8 @@ from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings
 from .validators import close, differs, has_keys, seconds, shape_of, shapes
 
-__all__ = ["maps_sum_to_one", "PROBES", "reference_parameter_count", "reference_head_weights", "diagnose"]
+__all__ = ["maps_sum_to_one", "PROBES", "timing_problem", "timing_record", "reference_parameter_count", "reference_head_weights",
+           "diagnose"]
 
 
 def reference_parameter_count(dim: int, heads: int, bias: bool = True) -> int:
@@ -54,14 +56,50 @@ def _judge_param_count(value: Any, cases: list) -> None:
         assert n == reference_parameter_count(int(dim), int(heads), bool(bias)), "mha_parameter_count gives a wrong count"
 
 
-@judge("ex03_timing")
-def _judge_timing(value: Any, sleep_s: float, repeats: int) -> None:
-    has_keys(value, ("steady_s", "cold_s", "calls"), "the timing record")
+def timing_problem(value: Any, repeats: int) -> str | None:
+    """What is wrong with a :func:`timing_record` (None: nothing). Times are compared only with each
+    other, as ratios, never with a number of seconds: every bound is what the modules themselves
+    measured inside their calls, in the same process on the same clock, so a loaded machine (which
+    slows every call alike) cannot push a correct answer across one.
+
+    - per call, not less: every timed call contains its module's own call, so a median of them is at
+      least ``0.9 ×`` the median of the module's inner durations;
+    - per call, not the total (nor milliseconds): below half the sum of the last ``repeats`` inner
+      durations (a median is at most ``2 / repeats`` of that sum, plus the loop's own microseconds);
+    - the slow first call excluded: below half the mean of the cold module's inner durations (its
+      first call is 100 times its machine's slowest steady call, so a mean that includes it is far above).
+    """
+    has_keys(value, ("steady_s", "cold_s", "calls", "steady_inner", "cold_inner"), "the timing record")
     steady = seconds(value["steady_s"], "time_forward")
     cold = seconds(value["cold_s"], "time_forward (slow first call)")
-    assert int(value["calls"]) >= int(repeats), "time_forward must call the module at least `repeats` times"
-    assert 0.9 * sleep_s <= steady < 20 * sleep_s + 0.05, "time_forward: implausible seconds per call"
-    assert cold < 0.04, "time_forward: a slow first call dominates the result (warm up, take the median)"
+    inner, cold_inner = [float(t) for t in value["steady_inner"]], [float(t) for t in value["cold_inner"]]
+    if int(value["calls"]) < int(repeats) or len(inner) < int(repeats) or not cold_inner:
+        return "time_forward must call the module at least `repeats` times"
+    timed = inner[-int(repeats):]
+    if not 0.9 * statistics.median(timed) <= steady < 0.5 * sum(timed):
+        return "time_forward: implausible seconds per call (report the median seconds of one call)"
+    if not cold < 0.5 * sum(cold_inner) / len(cold_inner):
+        return "time_forward: a slow first call dominates the result (warm up, take the median)"
+    return None
+
+
+def timing_record(time_forward: Any, repeats: int, sleep_s: float) -> dict[str, Any]:
+    """Run ``time_forward`` on a module that sleeps ``sleep_s`` per call, then on one whose first call
+    is 100 times slower than the slowest call just measured (at least 0.5 s): the record
+    :func:`timing_problem` judges, with each module's own inner durations."""
+    x = torch.zeros(1, 2, 4)
+    steady = _Sleepy(sleep_s, sleep_s)
+    steady_s = time_forward(steady, x, repeats=repeats, warmup=2)
+    cold = _Sleepy(max(0.5, 100 * max(steady.inner, default=sleep_s)), 0.001)
+    cold_s = time_forward(cold, x, repeats=repeats, warmup=2)
+    return {"steady_s": steady_s, "cold_s": cold_s, "calls": steady.calls, "steady_inner": steady.inner,
+            "cold_inner": cold.inner}
+
+
+@judge("ex03_timing")
+def _judge_timing(value: Any, sleep_s: float, repeats: int) -> None:
+    problem = timing_problem(value, repeats)
+    assert problem is None, problem
 
 
 @judge("ex03_head_maps")
@@ -131,40 +169,46 @@ def _diagnose_count(fn: Any) -> list[Finding]:
 
 
 class _Sleepy(nn.Module):
-    """Sleeps ``first_s`` on its first call and ``then_s`` on every later one; counts its ``calls``."""
+    """Sleeps ``first_s`` on its first call and ``then_s`` on every later one; counts its ``calls`` and
+    keeps how long each took inside (``inner``, seconds on ``time.perf_counter``)."""
 
     def __init__(self, first_s: float, then_s: float) -> None:
         super().__init__()
-        self.calls, self.first_s, self.then_s = 0, first_s, then_s
+        self.calls, self.first_s, self.then_s, self.inner = 0, first_s, then_s, []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
         time.sleep(self.first_s if self.calls == 0 else self.then_s)
+        self.inner.append(time.perf_counter() - start)
         self.calls += 1
         return x
 
 
 def _diagnose_timing(fn: Any) -> list[Finding]:
     x = torch.zeros(1, 2, 4)
-    steady, problem = call_student("time_forward", fn, _Sleepy(0.003, 0.003), x, repeats=12, warmup=1)
+    probe = _Sleepy(0.003, 0.003)
+    steady, problem = call_student("time_forward", fn, probe, x, repeats=12, warmup=1)
     if problem:
         return [problem]
     if not isinstance(steady, float) or not math.isfinite(steady) or steady <= 0:
         return [Finding(Pitfall.GENERAL, "time_forward must return a positive float", f"got {steady!r}; return seconds per call.")]
-    if 2.5 <= steady <= 60:
+    call = statistics.median(probe.inner[-12:]) if len(probe.inner) >= 12 else 0.003  # what one call took, measured inside it
+    if steady >= 500 * call:
         return [Finding(Pitfall.COLD_TIMING, "time_forward returns milliseconds",
                         "return seconds (time.perf_counter() differences) per call.")]
-    if steady > 0.03:
-        return [Finding(Pitfall.COLD_TIMING, "time_forward returns the total, not the time per call",
-                        f"a module that sleeps 3 ms per call measured {steady:.4f} s: take the median of the per-call times.")]
-    if steady < 0.0027:
+    if steady < 0.9 * call:
         return [Finding(Pitfall.COLD_TIMING, "time_forward measures too little",
                         f"a module that sleeps 3 ms per call measured {steady * 1e3:.2f} ms: time each call (and synchronise).")]
-    cold, problem = call_student("time_forward", fn, _Sleepy(0.2, 0.001), x, repeats=5, warmup=1)
+    if len(probe.inner) >= 12 and steady >= 0.5 * sum(probe.inner[-12:]):
+        return [Finding(Pitfall.COLD_TIMING, "time_forward returns the total, not the time per call",
+                        f"a module that sleeps 3 ms per call measured {steady:.4f} s: take the median of the per-call times.")]
+    slow = _Sleepy(max(0.2, 100 * max(probe.inner, default=0.003)), 0.001)
+    cold, problem = call_student("time_forward", fn, slow, x, repeats=5, warmup=1)
     if problem:
         return [problem]
-    if isinstance(cold, float) and cold > 0.03:
+    if isinstance(cold, float) and slow.inner and cold >= 0.5 * sum(slow.inner) / len(slow.inner):
         return [Finding(Pitfall.COLD_TIMING, "the first (cold) call dominates time_forward",
-                        "a module whose first call takes 200 ms and later ones 1 ms measured "
+                        f"a module whose first call takes {slow.inner[0] * 1e3:.0f} ms and later ones 1 ms measured "
                         f"{cold * 1e3:.1f} ms per call: run `warmup` untimed calls first and report the median.")]
     return []
 
@@ -230,11 +274,7 @@ def _probe_count(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[st
 
 def _probe_timing(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
     reps, sleep_s = int(torch.randint(5, 9, (1,), generator=gen)), 0.001 * int(torch.randint(2, 4, (1,), generator=gen))
-    x = torch.zeros(1, 2, 4)
-    steady, cold = _Sleepy(sleep_s, sleep_s), _Sleepy(0.2, 0.001)
-    steady_s = ns["time_forward"](steady, x, repeats=reps, warmup=2)
-    cold_s = ns["time_forward"](cold, x, repeats=reps, warmup=2)
-    return {"steady_s": steady_s, "cold_s": cold_s, "calls": steady.calls}, {"sleep_s": sleep_s, "repeats": reps}
+    return timing_record(ns["time_forward"], reps, sleep_s), {"sleep_s": sleep_s, "repeats": reps}
 
 
 def _probe_maps(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:

@@ -214,7 +214,7 @@ def _diagnose_step(fn: Any) -> list[Finding]:
     dec_ok = all(isinstance(s, torch.Tensor) and s.shape == (2, 1, 12) and torch.allclose(s, full[:, i : i + 1], atol=1e-4)
                  for s, i in zip(steps, (4, 5)))
     if pre_ok and dec_ok:
-        return []
+        return _diagnose_chunk(fn, attn, x, full)
     named = _name_step_mask(attn, x, [pre, *steps])
     if named:
         return [named]
@@ -224,6 +224,23 @@ def _diagnose_step(fn: Any) -> list[Finding]:
                     f"with a CausalSelfAttention(12, 3), x [2, 6, 12], a prefill of 4 tokens and two decode steps, {where} differs "
                     f"from attn(x). Project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by "
                     "1/sqrt(head_dim), mask with tinytf.causal_mask(t, past + t), softmax over the keys, merge heads, attn.proj.")]
+
+
+def _diagnose_chunk(fn: Any, attn: torch.nn.Module, x: torch.Tensor, full: torch.Tensor) -> list[Finding]:
+    """A prefill of 2 tokens after 3 are cached (past > 0, t > 1): only an end-aligned mask is right there."""
+    from tinytf import KVCache
+
+    cache = KVCache(1, 2, 3, 8, 4)
+    with torch.no_grad():
+        _, problem = call_student("attention_step (prefill)", fn, attn, x[:, :3], cache)
+        chunk, problem = (None, problem) if problem else call_student("attention_step (2 tokens after 3 cached)", fn, attn,
+                                                                      x[:, 3:5], cache)
+    if isinstance(chunk, torch.Tensor) and chunk.shape == (2, 2, 12) and torch.allclose(chunk, full[:, 3:5], atol=1e-4):
+        return []
+    return [Finding(Pitfall.GENERAL, "attention_step is wrong for several new tokens after cached ones",
+                    "a prefill and one-token decode steps are right, but 2 new tokens after 3 cached ones "
+                    f"({'raised: ' + problem.message if problem else 'differ from attn(x)'}): the mask must be END-aligned, "
+                    "[t, past + t], new token i reads keys 0..past + i: tinytf.causal_mask(t, past + t), not causal_mask(t).")]
 
 
 def _generation_probe() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:

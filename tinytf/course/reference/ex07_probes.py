@@ -37,7 +37,7 @@ def _probe_step(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str
 
     heads = _size(gen, 1, 4)
     dim, b, prefill = heads * _size(gen, 2, 6), _size(gen, 1, 3), _size(gen, 2, 6)
-    n = prefill + _size(gen, 1, 3)
+    n = prefill + 2 + _size(gen, 1, 3)  # then 2 tokens at once after the cached ones (past > 0, t > 1), then decodes
     attn = CausalSelfAttention(dim, heads, max_tokens=n)
     with torch.no_grad():
         for p in attn.parameters():
@@ -45,7 +45,8 @@ def _probe_step(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str
     attn.eval()
     x, cache, fn = torch.randn(b, n, dim, generator=gen), KVCache(1, b, heads, n, dim // heads), ns["attention_step"]
     with torch.no_grad():
-        outs = [fn(attn, x[:, :prefill], cache)] + [fn(attn, x[:, i : i + 1], cache) for i in range(prefill, n)]
+        outs = [fn(attn, x[:, :prefill], cache), fn(attn, x[:, prefill : prefill + 2], cache)]
+        outs += [fn(attn, x[:, i : i + 1], cache) for i in range(prefill + 2, n)]
     weights = {name.replace(".", "_"): t.detach() for name, t in attn.state_dict().items() if name.startswith(("qkv", "proj"))}
     return torch.cat(outs, dim=1), {"x": x, "prefill": prefill, "heads": heads, **weights}
 

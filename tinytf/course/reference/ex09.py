@@ -178,7 +178,10 @@ def _probe_memory(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[s
 
 def _probe_causal(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
     b, h, d, bq, bk, tq = _size(gen, 1, 3), _size(gen, 1, 3), _size(gen, 2, 9), _size(gen, 2, 6), _size(gen, 2, 6), _size(gen, 4, 16)
-    tk = tq + _size(gen, 1, 8)
+    bq = min(bq, tq - 1)  # at least two query tiles
+    # the first query tile's last visible key, Tk - Tq + block_q, ends exactly on a key tile's boundary (and a key tile
+    # lies beyond it): "one tile too many" off-by-ones count that tile, every run
+    tk = tq - bq + bk * (bq // bk + 1 + _size(gen, 0, 2))
     q, k, v = (torch.randn(b, h, tq, d, generator=gen) for _ in range(3))
     k_long, v_long = torch.randn(b, h, tk, d, generator=gen), torch.randn(b, h, tk, d, generator=gen)
     fn = ns["causal_tiled_forward"]

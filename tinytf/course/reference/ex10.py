@@ -152,11 +152,10 @@ def _raised(fn: Any, *args: Any) -> str:
 
 def _probe_cache(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
     args = []
-    for window in ("none", "short", "long"):
+    for window, dtype_bytes in (("none", 1), ("short", 2), ("long", 4), ("none", 8)):  # every dtype, every run
         tokens = _size(gen, 8, 5000)
         w = None if window == "none" else (_size(gen, 1, tokens) if window == "short" else tokens + _size(gen, 0, 100))
-        args.append([_size(gen, 1, 9), _size(gen, 1, 33), _size(gen, 1, 9), 8 * _size(gen, 1, 17), tokens,
-                     [1, 2, 4, 8][_size(gen, 0, 4)], w])
+        args.append([_size(gen, 1, 9), _size(gen, 1, 33), _size(gen, 1, 9), 8 * _size(gen, 1, 17), tokens, dtype_bytes, w])
     return [ns["cache_bytes"](*a) for a in args], {"args": args}
 
 
@@ -184,6 +183,8 @@ _CACHE_MISTAKES = (
     (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t if w is None else w, s), Pitfall.GENERAL,
      "the window is used even when the sequence is shorter",
      "a cache never holds more tokens than were written: min(tokens, window), not window."),
+    (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, 2, w), Pitfall.GENERAL, "dtype_bytes is ignored",
+     "exactly half for a 4-byte dtype (and right for 2 bytes): dtype_bytes=4 looks ignored; multiply by dtype_bytes."),
 )
 
 
@@ -198,8 +199,9 @@ def _diagnose_cache(fn: Any) -> list[Finding]:
         return []
     for wrong, pitfall, title, why in _CACHE_MISTAKES:
         if all(g == wrong(*a) for g, a in zip(got, _CACHE_ARGS)):
-            return [Finding(pitfall, title, f"{why} cache_bytes{_CACHE_ARGS[0]} gave {got[0]}, should be "
-                                           f"{reference_cache_bytes(*_CACHE_ARGS[0])}.")]
+            shown = next((i for i, a in enumerate(_CACHE_ARGS) if got[i] != reference_cache_bytes(*a)), 0)
+            return [Finding(pitfall, title, f"{why} cache_bytes{_CACHE_ARGS[shown]} gave {got[shown]}, should be "
+                                           f"{reference_cache_bytes(*_CACHE_ARGS[shown])}.")]
     return []  # an unnamed mistake: the judge's message says what differs
 
 
