@@ -74,6 +74,7 @@ TRANSLATED = [
     ('display(Markdown("\\n".join(["| exercise | title |", "|---|---|"])))',
      'display(Markdown("\\n".join(["| 练习 | 标题 |", "|---|---|"])))'),
     ('def f(x):\n    """Scaled scores."""\n    return x', 'def f(x):\n    """缩放后的分数。"""\n    return x'),
+    ('print(f"-> {\'hidden\' if t >= n else \'exposed\'}")', 'print(f"-> {\'能隐藏\' if t >= n else \'暴露\'}")'),
     ("%%writefile {WORK}/a.py\nimport os  # the os\nprint('rank', os.getpid())",
      "%%writefile {WORK}/a.py\nimport os  # 操作系统\nprint('进程', os.getpid())"),
 ]
@@ -92,6 +93,7 @@ CHANGED = [
     ('ax.plot(x, y, "o-")', 'ax.plot(x, y, "s-")'),                   # a figure's data string
     ('s = "rank"', 's = "进程"'),                                      # a string outside the masked places
     ('assert w.sum() == 1, "rows"', 'assert w.sum() == 2, "rows"'),  # the asserted condition
+    ('print(f"{\'a\' if t >= n else \'b\'}")', 'print(f"{\'a\' if t > n else \'b\'}")'),  # a printed choice's condition
     ("%%writefile {WORK}/a.py\nx = 1", "%%writefile {WORK}/b.py\nx = 1"),  # a cell magic's line
     ("%%writefile {WORK}/a.py\nx = 1", "%%writefile {WORK}/a.py\nx = 2"),  # the file it writes
 ]
@@ -104,7 +106,7 @@ def test_translated_words_leave_the_same_program(en: str, zh: str):
 
 @pytest.mark.parametrize(("en", "zh"), CHANGED, ids=[f"{en[:20]} -> {zh[:20]}" for en, zh in CHANGED])
 def test_a_changed_program_is_caught(en: str, zh: str):
-    assert len(CHANGED) == 14
+    assert len(CHANGED) == 15
     assert code_difference(en, zh) is not None
 
 

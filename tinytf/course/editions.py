@@ -97,8 +97,11 @@ def _text(node: ast.expr) -> ast.expr:
     """``node`` with the words of a displayed string masked; names, calls and numbers inside stay."""
     if _is_str(node):
         return ast.Constant(_MASK)
-    if isinstance(node, ast.JoinedStr):  # literal parts go; the {expressions} stay, in order
-        return ast.JoinedStr([v for v in node.values if isinstance(v, ast.FormattedValue) and not _is_str(v.value)])
+    if isinstance(node, ast.JoinedStr):  # literal parts (and {"literals"}) go; the {expressions} stay, in order
+        kept = [v for v in node.values if isinstance(v, ast.FormattedValue) and not _is_str(v.value)]
+        for v in kept:
+            v.value = _text(v.value)  # {"a" if c else "b"}: the words go, the condition stays
+        return ast.JoinedStr(kept)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)):
         node.left = _text(node.left)
         if isinstance(node.op, ast.Add):
