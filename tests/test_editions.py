@@ -71,6 +71,7 @@ TRANSLATED = [
      'ax.legend(["甲", "乙"], loc="upper right"); ax.text(0, 1, "峰值", color="r")'),
     ('plot(measured_label=f"on {dev}", xticklabels=[f"rank {r}" for r in rs])',
      'plot(measured_label=f"在 {dev} 上", xticklabels=[f"进程 {r}" for r in rs])'),
+    ('log = train(model, steps, desc="copy task")', 'log = train(model, steps, desc="复制任务")'),
     ('display(Markdown("\\n".join(["| exercise | title |", "|---|---|"])))',
      'display(Markdown("\\n".join(["| 练习 | 标题 |", "|---|---|"])))'),
     ('def f(x):\n    """Scaled scores."""\n    return x', 'def f(x):\n    """缩放后的分数。"""\n    return x'),

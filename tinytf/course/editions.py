@@ -12,11 +12,11 @@ reads are masked (:func:`masked_program`). Masked are comments, docstrings and t
 - figure text: the first argument of ``set_title``/``set_xlabel``/``set_ylabel``/``title``/``xlabel``/
   ``ylabel``/``suptitle``/``set_label``/``annotate``, the third of ``text``/``figtext``, the label lists
   of ``legend([...])``, and the keywords ``label``, ``title``, ``xlabel``, ``ylabel``, ``*_label``,
-  ``*_title``, ``labels``, ``xticklabels``, ``yticklabels`` of any call.
+  ``*_title``, ``labels``, ``xticklabels``, ``yticklabels`` of any call, and a progress bar's ``desc``.
 
-Everything else (every name, number, string used as data, call, argument, format spec) must match, so a
-translation can never change what runs. nbgrader's markers and metadata are identical. The edition is
-read from notebook metadata (``metadata.tinytf.edition``), never guessed from a path.
+Everything else (names, numbers, strings used as data, calls, arguments, format specs, defaults) must match:
+a translation never changes what runs. nbgrader's markers and metadata are identical. The edition is read
+from notebook metadata (``metadata.tinytf.edition``), never guessed from a path.
 """
 
 from __future__ import annotations
@@ -79,12 +79,11 @@ def code_tokens(source: str) -> list[tuple[int, str]]:
 
 
 _MASK = "…"  # what a masked text becomes: every translation of a sentence compares equal
-_PRINTERS = {"print", "display"}
 _DISPLAY_OBJECTS = {"Markdown", "HTML"}
-_FIRST_ARG_TEXT = {"set_title", "set_xlabel", "set_ylabel", "set_zlabel", "title", "xlabel", "ylabel",
-                   "suptitle", "supxlabel", "supylabel", "set_label", "annotate"}
+_FIRST_ARG_TEXT = {"set_title", "set_xlabel", "set_ylabel", "set_zlabel", "title", "xlabel", "ylabel", "suptitle", "supxlabel", "supylabel",
+                   "set_label", "annotate"}
 _THIRD_ARG_TEXT = {"text", "figtext"}
-_TEXT_KEYWORDS = {"label", "title", "xlabel", "ylabel", "zlabel", "suptitle"}
+_TEXT_KEYWORDS = {"label", "title", "xlabel", "ylabel", "zlabel", "suptitle", "desc"}  # desc: a progress bar
 _TEXT_LIST_KEYWORDS = {"labels", "xticklabels", "yticklabels"}
 _LINE_MAGIC = re.compile(r"^([ \t]*)([%!].*)$", re.MULTILINE)
 
@@ -125,7 +124,7 @@ def _items(node: ast.expr) -> ast.expr:
     return node
 
 
-def _callee(func: ast.expr) -> str:
+def _callee(func: ast.expr) -> str:  # print, ax.set_title -> "print", "set_title"
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
 
@@ -135,7 +134,7 @@ class _Masker(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.Call:
         self.generic_visit(node)
         name, method = _callee(node.func), isinstance(node.func, ast.Attribute)
-        if (name in _PRINTERS and (name == "display" or not method)) or name in _DISPLAY_OBJECTS:
+        if (name == "print" and not method) or name == "display" or name in _DISPLAY_OBJECTS:
             node.args = [_text(a) for a in node.args]
         elif method and name in _FIRST_ARG_TEXT and node.args:
             node.args[0] = _text(node.args[0])
