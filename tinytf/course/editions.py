@@ -2,13 +2,26 @@
 
 A Chinese twin lives beside its English notebook in a ``zh/`` folder with the same file name
 (``notebooks/zh/03_multi_head.ipynb``). Twins have the same cells (ids, types, metadata); their code
-cells are the same program once comments are removed (compared as :mod:`tokenize` token streams, so
-a translated comment can never change code); nbgrader's markers and metadata are identical. The
-edition is read from notebook metadata (``metadata.tinytf.edition``), never guessed from a path.
+cells are *the same program*: their syntax trees (:mod:`ast`) are identical once the words a student
+reads are masked (:func:`masked_program`). Masked are comments, docstrings and the text of
+
+- ``print(...)`` / ``display(...)`` / ``Markdown(...)`` / ``HTML(...)`` strings: a string literal, the
+  literal parts of an f-string (its ``{expressions}`` stay, in the same order), ``+`` / ``%`` /
+  ``.format`` / ``"sep".join([...])`` of those, either branch of ``a if c else b``;
+- assert messages and the message of ``raise SomeError("...")``;
+- figure text: the first argument of ``set_title``/``set_xlabel``/``set_ylabel``/``title``/``xlabel``/
+  ``ylabel``/``suptitle``/``set_label``/``annotate``, the third of ``text``/``figtext``, the label lists
+  of ``legend([...])``, and the keywords ``label``, ``title``, ``xlabel``, ``ylabel``, ``*_label``,
+  ``*_title``, ``labels``, ``xticklabels``, ``yticklabels`` of any call, and a progress bar's ``desc``.
+
+Everything else (names, numbers, strings used as data, calls, arguments, format specs, defaults) must match:
+a translation never changes what runs. nbgrader's markers and metadata are identical. The edition is read
+from notebook metadata (``metadata.tinytf.edition``), never guessed from a path.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
@@ -24,6 +37,8 @@ __all__ = [
     "twin_path",
     "english_path",
     "code_tokens",
+    "masked_program",
+    "code_difference",
     "compare_twins",
     "needs_translation",
 ]
@@ -63,11 +78,171 @@ def code_tokens(source: str) -> list[tuple[int, str]]:
     return [(t.type, t.string) for t in tokens if t.type not in _SKIP]
 
 
-def _first_difference(a: list[tuple[int, str]], b: list[tuple[int, str]]) -> str:
-    for i, (x, y) in enumerate(zip(a, b)):
+_MASK = "…"  # what a masked text becomes: every translation of a sentence compares equal
+_DISPLAY_OBJECTS = {"Markdown", "HTML"}
+_FIRST_ARG_TEXT = {"set_title", "set_xlabel", "set_ylabel", "set_zlabel", "title", "xlabel", "ylabel", "suptitle", "supxlabel", "supylabel",
+                   "set_label", "annotate"}
+_THIRD_ARG_TEXT = {"text", "figtext"}
+_TEXT_KEYWORDS = {"label", "title", "xlabel", "ylabel", "zlabel", "suptitle", "desc"}  # desc: a progress bar
+_TEXT_LIST_KEYWORDS = {"labels", "xticklabels", "yticklabels"}
+_LINE_MAGIC = re.compile(r"^([ \t]*)([%!].*)$", re.MULTILINE)
+
+
+def _is_str(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _text(node: ast.expr) -> ast.expr:
+    """``node`` with the words of a displayed string masked; names, calls and numbers inside stay."""
+    if _is_str(node):
+        return ast.Constant(_MASK)
+    if isinstance(node, ast.JoinedStr):  # literal parts (and {"literals"}) go; the {expressions} stay, in order
+        kept = [v for v in node.values if isinstance(v, ast.FormattedValue) and not _is_str(v.value)]
+        for v in kept:
+            v.value = _text(v.value)  # {"a" if c else "b"}: the words go, the condition stays
+        return ast.JoinedStr(kept)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)):
+        node.left = _text(node.left)
+        if isinstance(node.op, ast.Add):
+            node.right = _text(node.right)
+    elif isinstance(node, ast.IfExp):
+        node.body, node.orelse = _text(node.body), _text(node.orelse)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if node.func.attr == "format":
+            node.func.value = _text(node.func.value)
+        elif node.func.attr == "join" and _is_str(node.func.value):
+            node.args = [_items(a) for a in node.args]
+    return node
+
+
+def _items(node: ast.expr) -> ast.expr:
+    """A list of displayed strings (legend labels, table rows): each item masked."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        node.elts = [_text(e) for e in node.elts]
+    elif isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+        node.elt = _text(node.elt)
+    return node
+
+
+def _callee(func: ast.expr) -> str:  # print, ax.set_title -> "print", "set_title"
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+class _Masker(ast.NodeTransformer):
+    """Masks the words a student reads (see the module docstring); children first, so nesting works."""
+
+    def visit_Call(self, node: ast.Call) -> ast.Call:
+        self.generic_visit(node)
+        name, method = _callee(node.func), isinstance(node.func, ast.Attribute)
+        if (name == "print" and not method) or name == "display" or name in _DISPLAY_OBJECTS:
+            node.args = [_text(a) for a in node.args]
+        elif method and name in _FIRST_ARG_TEXT and node.args:
+            node.args[0] = _text(node.args[0])
+        elif method and name in _THIRD_ARG_TEXT and len(node.args) >= 3:
+            node.args[2] = _text(node.args[2])
+        elif method and name == "legend":
+            node.args = [_items(a) for a in node.args]
+        for kw in node.keywords:
+            if kw.arg in _TEXT_KEYWORDS or (kw.arg or "").endswith(("_label", "_title")):
+                kw.value = _text(kw.value)
+            elif kw.arg in _TEXT_LIST_KEYWORDS:
+                kw.value = _items(kw.value)
+        return node
+
+    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
+        self.generic_visit(node)
+        if node.msg is not None:
+            node.msg = _text(node.msg)
+        return node
+
+    def visit_Raise(self, node: ast.Raise) -> ast.Raise:
+        self.generic_visit(node)
+        if isinstance(node.exc, ast.Call):
+            node.exc.args = [_text(a) for a in node.exc.args]
+        return node
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body \
+                and isinstance(body[0], ast.Expr) and _is_str(body[0].value):
+            body[0].value = ast.Constant(_MASK)  # a docstring
+        return super().generic_visit(node)
+
+
+def masked_program(source: str) -> ast.Module:
+    """The syntax tree of a code cell with comments, docstrings and displayed words masked: what twins share.
+
+    IPython syntax is kept as data: a leading ``%%magic args`` line and each ``%line`` / ``!shell`` line
+    become calls with their exact text; the body of a cell magic is parsed as Python (``%%writefile x.py``).
+    Raises ``SyntaxError`` for code that does not parse."""
+    head: list[ast.stmt] = []
+    if source.startswith("%%"):
+        first, _, source = source.partition("\n")
+        head = ast.parse(f"_ipython_cell_magic_({first!r})").body
+    source = _LINE_MAGIC.sub(lambda m: f"{m[1]}_ipython_line_magic_({m[2]!r})", source)
+    tree = _Masker().visit(ast.parse(source))
+    tree.body[:0] = head
+    return tree
+
+
+def _short(node: ast.AST) -> str:
+    text = ast.unparse(node).replace("\n", " ")
+    return text if len(text) <= 90 else text[:87] + "..."
+
+
+def _differ(a: Any, b: Any, at: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``(node, twin node, statement, twin statement)``: the innermost located nodes around the first
+    difference and the statement holding them; None if equal."""
+    if type(a) is not type(b):
+        return (a, b, *at[2:]) if hasattr(a, "lineno") and hasattr(b, "lineno") else at
+    if isinstance(a, ast.stmt):
+        at = (a, b, a, b)
+    elif isinstance(a, ast.AST) and hasattr(a, "lineno"):
+        at = (a, b, *at[2:])
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return at
+        return next((r for x, y in zip(a, b) if (r := _differ(x, y, at))), None)
+    if isinstance(a, ast.AST):
+        return next((r for f in a._fields if (r := _differ(getattr(a, f, None), getattr(b, f, None), at))), None)
+    return None if a == b else at
+
+
+def _first_difference(a: ast.Module, b: ast.Module) -> str | None:
+    found = _differ(a, b, (None, None, None, None))
+    if found is None:
+        return None
+    x, y, sx, sy = found
+    if x is None:
+        return f"the English has {len(a.body)} statements, the twin {len(b.body)}"
+    where = "" if sx is x else f" in `{_short(sx)}`"
+    return f"English line {x.lineno} `{_short(x)}`, twin `{_short(y)}`{where}"
+
+
+def _token_difference(a: str, b: str) -> str | None:
+    ta, tb = code_tokens(a), code_tokens(b)
+    if ta == tb:
+        return None
+    for i, (x, y) in enumerate(zip(ta, tb)):
         if x != y:
             return f"token {i}: English {x[1]!r}, twin {y[1]!r}"
-    return f"the English has {len(a)} tokens, the twin {len(b)}"
+    return f"the English has {len(ta)} tokens, the twin {len(tb)}"
+
+
+def code_difference(en: str, zh: str) -> str | None:
+    """How the twin's code differs from the English as a program (None if it is the same program).
+
+    Code that does not parse in either edition (an unfinished exercise stub) is compared token by token
+    without comments instead."""
+    try:
+        en_tree = masked_program(en)
+    except SyntaxError:
+        return _token_difference(en, zh)
+    try:
+        zh_tree = masked_program(zh)
+    except SyntaxError as exc:
+        return f"the twin does not parse ({exc.msg}, line {exc.lineno}) but the English does"
+    return _first_difference(en_tree, zh_tree)
 
 
 def _comparable_metadata(cell: dict[str, Any]) -> dict[str, Any]:
@@ -88,11 +263,11 @@ def _cell_problems(en: dict[str, Any], zh: dict[str, Any]) -> list[str]:
     if en["cell_type"] == "code":
         a, b = _source(en), _source(zh)
         try:
-            ta, tb = code_tokens(a), code_tokens(b)
+            difference = code_difference(a, b)
         except (tokenize.TokenError, SyntaxError, IndentationError) as exc:
             return problems + [f"code does not tokenize: {exc}"]
-        if ta != tb:
-            problems.append(f"code differs from the English twin: {_first_difference(ta, tb)}")
+        if difference:
+            problems.append(f"code differs from the English twin: {difference}")
         if _MARKER.findall(a) != _MARKER.findall(b):
             problems.append("nbgrader BEGIN/END markers differ from the English twin")
     return problems
