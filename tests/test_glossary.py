@@ -34,19 +34,6 @@ _GLOSS = re.compile(r"（[\x20-\x7e\u00b2-\u00b3\u00d7\u2013\u2014\u2032-\u2033\
 
 # notebook (relative to the repository) -> the fixes it still needs; emptied as the owners apply them
 KNOWN_DRIFT: dict[str, str] = {  # one line per notebook
-    "exercises/zh/ex01_by_hand.ipynb": "hard line breaks (1); 形状 -> shape (1)",
-    "exercises/zh/ex03_heads.ipynb": "hard line breaks (1); kernel -> 内核 (1)",
-    "exercises/zh/ex07_kv_cache.ipynb": "hard line breaks (8); gloss in a gloss (1)",
-    "exercises/zh/ex08_char_lm.ipynb": "hard line breaks (25); gloss in a gloss (3)",
-    "exercises/zh/ex09_tiled_attention.ipynb": "得分 -> 分数 (5); 运行最大值 -> 累计最大值 / 累计和 (2); hard line breaks (20); 形状 -> shape (1)",  # noqa: E501
-    "exercises/zh/ex10_grouped_query.ipynb": "hard line breaks (17); 形状 -> shape (2); 得分 -> 分数 (1)",
-    "solutions/zh/ex01_by_hand.ipynb": "hard line breaks (1); 形状 -> shape (1)",
-    "solutions/zh/ex03_heads.ipynb": "hard line breaks (1); kernel -> 内核 (2); 批量 -> batch (1)",
-    "solutions/zh/ex06_explicit_vs_sdpa.ipynb": "kernel -> 内核 (1)",
-    "solutions/zh/ex07_kv_cache.ipynb": "hard line breaks (13); gloss in a gloss (1)",
-    "solutions/zh/ex08_char_lm.ipynb": "hard line breaks (25); gloss in a gloss (3)",
-    "solutions/zh/ex09_tiled_attention.ipynb": "得分 -> 分数 (6); 运行最大值 -> 累计最大值 / 累计和 (2); hard line breaks (24); 形状 -> shape (1)",  # noqa: E501
-    "solutions/zh/ex10_grouped_query.ipynb": "hard line breaks (24); 形状 -> shape (3); 得分 -> 分数 (2)",
 }
 
 
