@@ -9,10 +9,11 @@ import re
 import _coursekit as K
 import pytest
 
+from tinytf.course import self_check
 from tinytf.course.cli import main
 from tinytf.course.nbgrader_root import REPO
 from tinytf.course.release import release
-from tinytf.course.validate import diagnose_json, self_check, validate
+from tinytf.course.validate import diagnose_json, validate
 
 pytestmark = pytest.mark.grading  # real validate/grade runs: make unit, not make test-fast
 

@@ -18,6 +18,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from .exercises import REFERENCE_MODULES
+
 __all__ = ["judge", "JUDGES", "run_judge", "load_all"]
 
 JUDGES: dict[str, Callable[..., None]] = {}
@@ -36,14 +38,14 @@ def judge(grade_id: str) -> Callable[[Callable[..., None]], Callable[..., None]]
 
 
 def load_all() -> dict[str, Callable[..., None]]:
-    """Import every ``tinytf.course.reference.exNN`` module so its judges register; return JUDGES."""
-    from .reference import EXERCISES
-
-    for ex in EXERCISES:
+    """Import every exercise's reference module (:data:`tinytf.course.exercises.REFERENCE_MODULES`) so its
+    judges register; return JUDGES. The modules import this one for :func:`judge`, so they are loaded by
+    name here, not imported at the top (which would be a loop)."""
+    for name in REFERENCE_MODULES.values():
         try:
-            importlib.import_module(f"tinytf.course.reference.{ex}")
+            importlib.import_module(name)
         except ModuleNotFoundError as err:
-            if err.name != f"tinytf.course.reference.{ex}":
+            if err.name != name:
                 raise
     return JUDGES
 

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .exercises import REPO
 from .notebook import kernel_config
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 COURSE_ID = "tinytf"
-REPO = Path(__file__).resolve().parents[2]
 PACKAGE = Path(__file__).resolve().parents[1]  # tinytf/: its source is part of a cached root's key
 CACHE = REPO / "build" / "course-roots"
 _KEEP = 12  # cached roots kept (the most recently used)

@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from .exercises import EDITION_FOLDERS
 from .nbgrader_root import REPO, build_course_root, find_notebooks
 from .notebook import cell_source, dumps_notebook, is_test_cell, load_json, nbgrader_meta, write_atomic
 
@@ -91,8 +92,6 @@ def record_history(folder: str | Path, repo: str | Path = REPO) -> None:
                 _add(manifest, json.loads(text), name[:4])
     _write_manifest(folder, manifest)
 
-# (instructor sources, student versions) of each edition; the Chinese twins live in zh/ subfolders
-EDITION_FOLDERS = {"en": ("solutions", "exercises"), "zh": ("solutions/zh", "exercises/zh")}
 
 
 def released_text(root: Path, ex: str, name: str) -> str:

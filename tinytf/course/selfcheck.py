@@ -1,7 +1,7 @@
 """The self-check, the last cell of every exercise: ``tinytf validate``'s check, inside the running kernel.
 
 A student has two ways to check work and they must never disagree, so this is the same check with
-the same words (:func:`tinytf.course.validate.format_report`):
+the same words (:func:`tinytf.course.check_report.format_report`):
 
 - the saved notebook is compared with the released exercise of its edition: deleted, renamed or
   edited test cells are reported, and the released version of each test is what runs;
@@ -26,11 +26,13 @@ from typing import Any
 
 from tinytf.language import notebook_language
 
+from .check_report import CellCheck, Report, format_report
+from .diagnosis import diagnose_json
 from .messages import say
 from .nbgrader_root import REPO
 from .notebook import cell_source, describe_cell, first_line, nbgrader_meta, read_notebook
 from .release import load_manifest
-from .validate import Report, diagnose_json, find_released, format_report, is_source, released_folder, restore_tests
+from .released_tests import find_released, is_source, released_folder, restore_tests
 
 __all__ = ["in_kernel_check", "check_json", "self_check"]
 
@@ -62,12 +64,10 @@ def _run_test(source: str, namespace: dict[str, Any]) -> tuple[str, str]:
 
 def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang: str | None = None,
                     skip: Iterable[str] = ()) -> Report:
-    """The :class:`~tinytf.course.validate.Report` of this kernel: structure, visible tests, diagnosis.
+    """The :class:`~tinytf.course.check_report.Report` of this kernel: structure, visible tests, diagnosis.
 
     ``skip``: test cells not to rerun (validate stopped them for time; the diagnosis runs on what was defined).
     """
-    from .validate import CellCheck
-
     if namespace is None:
         import __main__
 

@@ -7,14 +7,13 @@ reported pass/fail with its message, the student's functions are diagnosed in th
 ``tinytf.course.reference.exNN.diagnose`` (findings from :mod:`tinytf.checks`, sent back as JSON),
 and the exit status is non-zero when anything is wrong.
 
-``self_check("exNN")`` is the one-line last cell of every exercise: the same diagnosis inside the
-running kernel, printed in plain language. It never raises.
+``self_check("exNN")`` (:mod:`tinytf.course.selfcheck`) is the other front end of the same check, inside
+the running kernel; the parts both use are :mod:`tinytf.course.check_report` (the report and its text),
+:mod:`tinytf.course.released_tests` (the released test cells restored) and :mod:`tinytf.course.diagnosis`.
 """
 
 from __future__ import annotations
 
-import copy
-import importlib
 import json
 import os
 import time
@@ -24,137 +23,21 @@ from typing import Any
 
 from tinytf.language import edition_of
 
+from .check_report import CellCheck, Report, format_report
+from .diagnosis import diagnose_json
 from .messages import say
-from .nbgrader_root import REPO, exercise_id
+from .nbgrader_root import exercise_id
 from .notebook import cell_source, describe_cell, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook
-from .release import EDITION_FOLDERS, earlier_release, load_manifest
+from .release import load_manifest
+from .released_tests import find_released, is_source, released_folder, restore_tests
 
+# the shared parts are re-exported: ``from tinytf.course.validate import format_report`` keeps working
 __all__ = [
-    "CellCheck", "Report", "is_source", "validate", "format_report", "self_check", "diagnose_json", "find_released",
+    "CellCheck", "Report", "is_source", "validate", "format_report", "diagnose_json", "find_released",
     "released_folder", "restore_tests",
 ]
 
 _MARK = "__TINYTF_DIAGNOSIS__"
-
-
-@dataclass
-class CellCheck:
-    """One test cell: ``status`` is pass / fail / error / timeout / not-run."""
-
-    grade_id: str
-    points: float
-    status: str
-    message: str = ""
-    problem: str = ""  # "deleted", "renamed", "edited" or ""
-    where: str = ""  # how to find it in JupyterLab: "cell 9 (under \"Task 1b — scaling\")"
-
-
-@dataclass
-class Report:
-    path: str
-    exercise: str
-    cells: list[CellCheck] = field(default_factory=list)
-    structure: list[str] = field(default_factory=list)  # deleted / edited / stripped cells
-    cell_errors: list[str] = field(default_factory=list)  # errors in the student's own cells
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    diagnosis_error: str = ""
-    fatal: str = ""  # the notebook could not be read or run at all
-    problems: dict[str, str] = field(default_factory=dict)  # grade_id -> "deleted" / "edited"
-    self_check_ok: bool | None = None  # the in-kernel self-check's verdict at the end of validate's run
-    lang: str = "en"  # the notebook's edition (metadata.tinytf.edition): the report speaks it
-    stopped: list[str] = field(default_factory=list)  # cells stopped for time, said in words
-    notes: list[str] = field(default_factory=list)  # said, but nothing wrong (a test from an earlier release)
-    source: bool = False  # an instructor source (solutions/): its own tests, hidden ones too, ran as written
-
-    @property
-    def ok(self) -> bool:
-        """True when the notebook ran (no cell stopped for time), every visible test passed and nothing was deleted or edited."""
-        return (not self.fatal and not self.structure and not self.stopped and all(c.status == "pass" for c in self.cells)
-                and not self.findings)
-
-
-def find_released(ex: str, released_dir: Path) -> Path | None:
-    """The released notebook of exercise ``ex`` in ``released_dir`` (``exNN_*.ipynb``), or None."""
-    hits = sorted(released_dir.glob(f"{ex}_*.ipynb")) + sorted(released_dir.glob(f"{ex}.ipynb"))
-    return hits[0] if hits else None
-
-
-def is_source(nb: dict) -> bool:
-    """An instructor source (``solutions/``), not a student's copy: a solution cell still holds nbgrader's
-    ``### BEGIN SOLUTION`` region (release replaces every one of them by ``raise NotImplementedError()``)."""
-    return any(nbgrader_meta(c).get("solution") and "### BEGIN SOLUTION" in cell_source(c) for c in nb.get("cells", []))
-
-
-def restore_tests(student: dict, released: dict | None, report: Report,
-                  manifest: dict | None = None) -> tuple[dict, list[tuple[str, float]]]:
-    """The notebook to execute (released tests restored) and the ``(grade_id, points)`` to report on.
-
-    An instructor source (:func:`is_source`) is checked as a source: its own test cells, hidden tests
-    included, run as written, and none is compared with the release. A test cell that differs from
-    today's release but matches an earlier one (``manifest``: :func:`tinytf.course.release.load_manifest`)
-    is not edited: today's version runs, and a note says so.
-    """
-    nb = copy.deepcopy(student)
-    for cell in nb["cells"]:
-        cell["source"] = cell_source(cell)
-    report.source = is_source(nb)
-    if released is None or report.source:
-        tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in nb["cells"] if is_test_cell(c)]
-        return nb, tests
-    rel_cells = released["cells"]
-    tests = [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0))) for c in rel_cells if is_test_cell(c)]
-    if rel_cells and not any(nbgrader_meta(c) for c in nb["cells"]):
-        report.structure.append(say("stripped", report.lang))
-    by_id = {nbgrader_meta(c).get("grade_id"): c for c in nb["cells"] if nbgrader_meta(c).get("grade_id")}
-    for i, rel in enumerate(rel_cells):
-        gid = nbgrader_meta(rel).get("grade_id")
-        if not gid or not nbgrader_meta(rel).get("locked"):
-            continue
-        mine = by_id.get(gid)
-        if mine is None:
-            if is_test_cell(rel):
-                report.structure.append(say("deleted", report.lang, gid=gid))
-                report.problems[gid] = "deleted"
-            # put the released cell back after its predecessor so the run matches grading
-            before = [nbgrader_meta(c).get("grade_id") for c in rel_cells[:i]]
-            prev = next((g for g in reversed(before) if g in by_id), None)
-            idx = next((j + 1 for j, c in enumerate(nb["cells"]) if prev and nbgrader_meta(c).get("grade_id") == prev), len(nb["cells"]))
-            restored = copy.deepcopy(rel)
-            restored["source"] = cell_source(rel)
-            nb["cells"].insert(idx, restored)
-            by_id[gid] = restored
-        elif cell_source(mine).strip() != cell_source(rel).strip():
-            if is_test_cell(rel) and earlier_release(manifest or {}, report.exercise, gid, cell_source(mine)):
-                report.notes.append(say("earlier_release", report.lang, gid=gid, ex=report.exercise))
-                report.problems[gid] = "earlier release"
-            elif is_test_cell(rel):
-                report.structure.append(say("edited", report.lang, gid=gid))
-                report.problems[gid] = "edited"
-            mine["source"] = cell_source(rel)
-    return nb, tests
-
-
-def diagnose_json(exercise: str, namespace: dict | None = None) -> str:
-    """JSON ``{"findings": [...]}`` (or ``{"error": ...}``) from ``reference.<exercise>.diagnose``."""
-    try:
-        if namespace is None:
-            import __main__
-
-            namespace = vars(__main__)
-        try:
-            mod = importlib.import_module(f"tinytf.course.reference.{exercise}")
-        except ModuleNotFoundError as err:
-            if err.name != f"tinytf.course.reference.{exercise}":
-                raise
-            mod = None
-        fn = getattr(mod, "diagnose", None)
-        if fn is None:
-            return json.dumps({"findings": [], "note": f"no diagnosis is available for {exercise}"})
-        findings = fn(namespace)
-        return json.dumps({"findings": [{"pitfall": int(getattr(f, "pitfall", 0)), "title": str(getattr(f, "title", f)),
-                                         "message": str(getattr(f, "message", ""))} for f in findings]})
-    except BaseException as err:  # noqa: BLE001 - never raise into the notebook
-        return json.dumps({"error": f"{type(err).__name__}: {err}"[:500]})
 
 
 @dataclass
@@ -233,13 +116,6 @@ def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float
                 run.diag = {"error": "the diagnosis output could not be read"}
     run.executed = nbformat.from_dict(node)
     return run
-
-
-def released_folder(lang: str, released_dir: str | os.PathLike | None) -> Path:
-    """Where the released version of a notebook of edition ``lang`` is: ``exercises/`` or ``exercises/zh/``."""
-    if released_dir:
-        return Path(released_dir)
-    return REPO / EDITION_FOLDERS.get(lang, EDITION_FOLDERS["en"])[1]
 
 
 def _test_check(gid: str, pts: float, cell: dict | None, where: str, problem: str, lang: str) -> CellCheck:
@@ -340,77 +216,3 @@ def _read_run(report: Report, run: _Run, tests: list[tuple[str, float]], path: P
         report.findings = list(diag.get("findings", []))
     if diag is not None and "ok" in diag and last not in run.stopped:
         report.self_check_ok = bool(diag["ok"])
-
-
-def _finding_lines(f: dict[str, Any], lang: str) -> list[str]:
-    """One diagnosed finding as two or three lines: the pitfall's name, the evidence, the fix.
-
-    In Chinese the name and the fix are the catalog's Chinese ones; the evidence (shapes, numbers,
-    the inputs that show it) is kept as the diagnosis wrote it.
-    """
-    from tinytf.checks.catalog import Pitfall
-
-    try:
-        pitfall = Pitfall(int(f["pitfall"]))
-    except ValueError:  # a number the catalog does not know (a newer diagnosis)
-        return [f"  x [pitfall {f['pitfall']}] {f['title']}", f"      {f['message']}"]
-    if lang != "zh":
-        return [f"  x [{pitfall.label()}] {f['title']}", f"      {f['message']}"]
-    lines = [f"  x [{pitfall.label('zh')}] {f['title']}"]
-    if pitfall is Pitfall.GENERAL:
-        return [*lines, "      " + say("evidence", "zh", message=f["message"])]
-    evidence = str(f["message"]).split(" Fix: ", 1)[0]  # the English fix is replaced by the catalog's Chinese one
-    return [*lines, "      " + say("evidence", "zh", message=evidence), "      " + say("fix", "zh", fix=pitfall.entry.fix_zh)]
-
-
-def format_report(r: Report, title: str | None = None) -> str:
-    """The plain-language text ``tinytf validate`` (and, with its own ``title``, the self-check) prints,
-    in the notebook's language."""
-    lang = r.lang
-    lines = [title or say("header", lang, path=r.path, ex=r.exercise)]
-    if r.fatal and not r.cells:
-        return "\n".join([*lines, f"  x {r.fatal}", say("result_failed", lang)])
-    for s in r.structure:
-        lines.append(f"  ! {s}")
-    for s in r.notes:
-        lines.append(f"  i {s}")
-    lines.append(say("tests_source" if r.source else "tests", lang))
-    en_labels = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "timeout": "TIMEOUT", "not-run": "NOT RUN"}
-    zh_labels = {"pass": "通过", "fail": "未通过", "error": "出错", "timeout": "超时", "not-run": "未运行"}
-    labels = zh_labels if lang == "zh" else en_labels
-    for c in r.cells:
-        zh_problem = {"deleted": "已删除", "edited": "已修改", "earlier release": "早期版本"}
-        problem = zh_problem.get(c.problem, c.problem) if lang == "zh" else c.problem
-        extra = f" [{problem}]" if problem else ""
-        msg = f"  {c.message}" if c.message else ""
-        pts = say("points", lang, pts=c.points)
-        if lang == "zh":
-            lines.append(f"  {labels[c.status]:<4} {c.grade_id}（{pts}{'，' + c.where if c.where else ''}）{extra}{msg}")
-        else:
-            lines.append(f"  {labels[c.status]:<7} {c.grade_id} ({pts}{', ' + c.where if c.where else ''}){extra}{msg}")
-    for e in r.cell_errors:
-        lines.append("  ! " + say("cell_error", lang, what=e))
-    for e in r.stopped:
-        lines.append("  ! " + e)
-    if r.fatal:
-        lines.append(f"  x {r.fatal}")
-    lines.append(say("diagnosis", lang))
-    if r.diagnosis_error:
-        lines.append(f"  {r.diagnosis_error}")
-    elif not r.findings:
-        lines.append("  " + say("no_pitfall", lang))
-    else:
-        for f in r.findings:
-            lines += _finding_lines(f, lang)
-    verdict = say("verdict_ok" if r.ok else "verdict_failed", lang)
-    lines.append(say("result", lang, verdict=verdict, passed=sum(c.status == "pass" for c in r.cells), total=len(r.cells),
-                     pts=sum(c.points for c in r.cells if c.status == "pass"), max=sum(c.points for c in r.cells)))
-    return "\n".join(lines)
-
-
-def self_check(exercise: str) -> None:
-    """The last cell of every exercise (kept here for notebooks released before
-    :mod:`tinytf.course.selfcheck`): see :func:`tinytf.course.selfcheck.self_check`."""
-    from .selfcheck import self_check as run
-
-    run(exercise)

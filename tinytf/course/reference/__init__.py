@@ -19,9 +19,10 @@ from typing import Any
 
 from tinytf.checks import Finding, Pitfall
 
+from ..exercises import EXERCISES
+
 __all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings", "not_implemented", "stub_or", "swapped", "with_cause"]
 
-EXERCISES = ("ex01", "ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08", "ex09", "ex10", "ex11")
 
 
 def not_implemented(name: str) -> Finding:

@@ -20,6 +20,7 @@ from tinytf.checks import Finding, Pitfall
 from ..judges import judge
 from . import call_student, judge_findings, stub_or, with_cause
 from .ex05 import named_findings
+from .ex08_probes import PROBES, earlier_parts_wrong, reference_cosine_lr
 from .validators import has_keys, positive, shape_of, shapes, should_be
 
 __all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose"]
@@ -27,16 +28,6 @@ __all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose"]
 MARGIN = 0.75  # the trained model's validation loss must be below log(vocab) - MARGIN
 REPORT_KEYS = ("val_loss", "train_loss", "tokens_per_s", "peak_memory_bytes", "memory", "lrs", "losses")
 MEMORY_KEYS = ("parameters", "gradients", "optimizer_state", "saved_activations", "step_peak", "total")
-
-
-def reference_cosine_lr(step: int, *, max_lr: float, min_lr: float, warmup: int, total: int) -> float:
-    """Linear warm-up ``max_lr * (step + 1) / warmup``, cosine from max_lr to min_lr until ``total``, then min_lr."""
-    if step < warmup:
-        return max_lr * (step + 1) / warmup
-    if step >= total:
-        return min_lr
-    p = (step - warmup) / max(1, total - warmup)
-    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * p))
 
 
 @torch.no_grad()
@@ -289,8 +280,6 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex08 code in ``namespace`` (empty when all looks right); never raises."""
     from tinytf.checks import diagnose_lm_loss
-
-    from .ex08_probes import PROBES, earlier_parts_wrong
 
     findings, covered = named_findings(namespace, [
         (("build_vocab", "encode", "decode"), "ex08_vocab", lambda *_: _diagnose_vocab(namespace)),

@@ -8,6 +8,7 @@ hidden test of ``grade_id``; the training task is judged from the notebook's own
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -17,16 +18,24 @@ import torch
 
 from . import Probe, swapped
 
-__all__ = ["PROBES", "reference_parts", "earlier_parts_wrong"]
+__all__ = ["PROBES", "reference_cosine_lr", "reference_parts", "earlier_parts_wrong"]
 
 REPORT_KEEP = ("val_loss", "train_loss", "tokens_per_s", "peak_memory_bytes", "memory", "lrs", "losses")
+
+
+def reference_cosine_lr(step: int, *, max_lr: float, min_lr: float, warmup: int, total: int) -> float:
+    """Linear warm-up ``max_lr * (step + 1) / warmup``, cosine from max_lr to min_lr until ``total``, then min_lr."""
+    if step < warmup:
+        return max_lr * (step + 1) / warmup
+    if step >= total:
+        return min_lr
+    p = (step - warmup) / max(1, total - warmup)
+    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * p))
 
 
 def reference_parts() -> dict[str, Callable[..., Any]]:
     """tinytf's ``get_batch``, ``next_char_loss`` and ``cosine_lr`` (what ``train`` calls)."""
     from tinytf import lm_loss
-
-    from .ex08 import reference_cosine_lr
 
     def get_batch(data: torch.Tensor, block: int, batch: int, generator: torch.Generator) -> torch.Tensor:
         starts = torch.randint(0, len(data) - block + 1, (batch,), generator=generator)
@@ -40,8 +49,6 @@ def reference_parts() -> dict[str, Callable[..., Any]]:
 
 def _agrees(name: str, fn: Any) -> bool:
     from tinytf import lm_loss
-
-    from .ex08 import reference_cosine_lr
 
     g = torch.Generator().manual_seed(3)
     if name == "get_batch":

@@ -1,0 +1,114 @@
+"""The report of an exercise check and its plain-language text: what ``tinytf validate`` (the nbclient
+runner, :mod:`tinytf.course.validate`) and the self-check (in the kernel, :mod:`tinytf.course.selfcheck`)
+both fill and print, so that the two never word a verdict differently."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .messages import say
+
+__all__ = ["CellCheck", "Report", "finding_lines", "format_report"]
+
+
+@dataclass
+class CellCheck:
+    """One test cell: ``status`` is pass / fail / error / timeout / not-run."""
+
+    grade_id: str
+    points: float
+    status: str
+    message: str = ""
+    problem: str = ""  # "deleted", "renamed", "edited" or ""
+    where: str = ""  # how to find it in JupyterLab: "cell 9 (under \"Task 1b — scaling\")"
+
+
+@dataclass
+class Report:
+    path: str
+    exercise: str
+    cells: list[CellCheck] = field(default_factory=list)
+    structure: list[str] = field(default_factory=list)  # deleted / edited / stripped cells
+    cell_errors: list[str] = field(default_factory=list)  # errors in the student's own cells
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    diagnosis_error: str = ""
+    fatal: str = ""  # the notebook could not be read or run at all
+    problems: dict[str, str] = field(default_factory=dict)  # grade_id -> "deleted" / "edited"
+    self_check_ok: bool | None = None  # the in-kernel self-check's verdict at the end of validate's run
+    lang: str = "en"  # the notebook's edition (metadata.tinytf.edition): the report speaks it
+    stopped: list[str] = field(default_factory=list)  # cells stopped for time, said in words
+    notes: list[str] = field(default_factory=list)  # said, but nothing wrong (a test from an earlier release)
+    source: bool = False  # an instructor source (solutions/): its own tests, hidden ones too, ran as written
+
+    @property
+    def ok(self) -> bool:
+        """True when the notebook ran (no cell stopped for time), every visible test passed and nothing was deleted or edited."""
+        return (not self.fatal and not self.structure and not self.stopped and all(c.status == "pass" for c in self.cells)
+                and not self.findings)
+
+
+def finding_lines(f: dict[str, Any], lang: str) -> list[str]:
+    """One diagnosed finding as two or three lines: the pitfall's name, the evidence, the fix.
+
+    In Chinese the name and the fix are the catalog's Chinese ones; the evidence (shapes, numbers,
+    the inputs that show it) is kept as the diagnosis wrote it.
+    """
+    from tinytf.checks.catalog import Pitfall
+
+    try:
+        pitfall = Pitfall(int(f["pitfall"]))
+    except ValueError:  # a number the catalog does not know (a newer diagnosis)
+        return [f"  x [pitfall {f['pitfall']}] {f['title']}", f"      {f['message']}"]
+    if lang != "zh":
+        return [f"  x [{pitfall.label()}] {f['title']}", f"      {f['message']}"]
+    lines = [f"  x [{pitfall.label('zh')}] {f['title']}"]
+    if pitfall is Pitfall.GENERAL:
+        return [*lines, "      " + say("evidence", "zh", message=f["message"])]
+    evidence = str(f["message"]).split(" Fix: ", 1)[0]  # the English fix is replaced by the catalog's Chinese one
+    return [*lines, "      " + say("evidence", "zh", message=evidence), "      " + say("fix", "zh", fix=pitfall.entry.fix_zh)]
+
+
+def format_report(r: Report, title: str | None = None) -> str:
+    """The plain-language text ``tinytf validate`` (and, with its own ``title``, the self-check) prints,
+    in the notebook's language."""
+    lang = r.lang
+    lines = [title or say("header", lang, path=r.path, ex=r.exercise)]
+    if r.fatal and not r.cells:
+        return "\n".join([*lines, f"  x {r.fatal}", say("result_failed", lang)])
+    for s in r.structure:
+        lines.append(f"  ! {s}")
+    for s in r.notes:
+        lines.append(f"  i {s}")
+    lines.append(say("tests_source" if r.source else "tests", lang))
+    en_labels = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "timeout": "TIMEOUT", "not-run": "NOT RUN"}
+    zh_labels = {"pass": "通过", "fail": "未通过", "error": "出错", "timeout": "超时", "not-run": "未运行"}
+    labels = zh_labels if lang == "zh" else en_labels
+    for c in r.cells:
+        zh_problem = {"deleted": "已删除", "edited": "已修改", "earlier release": "早期版本"}
+        problem = zh_problem.get(c.problem, c.problem) if lang == "zh" else c.problem
+        extra = f" [{problem}]" if problem else ""
+        msg = f"  {c.message}" if c.message else ""
+        pts = say("points", lang, pts=c.points)
+        if lang == "zh":
+            lines.append(f"  {labels[c.status]:<4} {c.grade_id}（{pts}{'，' + c.where if c.where else ''}）{extra}{msg}")
+        else:
+            lines.append(f"  {labels[c.status]:<7} {c.grade_id} ({pts}{', ' + c.where if c.where else ''}){extra}{msg}")
+    for e in r.cell_errors:
+        lines.append("  ! " + say("cell_error", lang, what=e))
+    for e in r.stopped:
+        lines.append("  ! " + e)
+    if r.fatal:
+        lines.append(f"  x {r.fatal}")
+    lines.append(say("diagnosis", lang))
+    if r.diagnosis_error:
+        lines.append(f"  {r.diagnosis_error}")
+    elif not r.findings:
+        lines.append("  " + say("no_pitfall", lang))
+    else:
+        for f in r.findings:
+            lines += finding_lines(f, lang)
+    verdict = say("verdict_ok" if r.ok else "verdict_failed", lang)
+    lines.append(say("result", lang, verdict=verdict, passed=sum(c.status == "pass" for c in r.cells), total=len(r.cells),
+                     pts=sum(c.points for c in r.cells if c.status == "pass"), max=sum(c.points for c in r.cells)))
+    return "\n".join(lines)
