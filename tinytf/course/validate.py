@@ -134,6 +134,15 @@ def restore_tests(student: dict, released: dict | None, report: Report,
     return nb, tests
 
 
+def _finding_json(f: Any) -> dict[str, Any]:
+    """One finding as JSON: pitfall, title, message, and its own ``fix``/``fix_zh`` when it has one."""
+    out = {"pitfall": int(getattr(f, "pitfall", 0)), "title": str(getattr(f, "title", f)), "message": str(getattr(f, "message", ""))}
+    for key in ("fix", "fix_zh"):
+        if getattr(f, key, ""):
+            out[key] = str(getattr(f, key))
+    return out
+
+
 def diagnose_json(exercise: str, namespace: dict | None = None) -> str:
     """JSON ``{"findings": [...]}`` (or ``{"error": ...}``) from ``reference.<exercise>.diagnose``."""
     try:
@@ -151,8 +160,7 @@ def diagnose_json(exercise: str, namespace: dict | None = None) -> str:
         if fn is None:
             return json.dumps({"findings": [], "note": f"no diagnosis is available for {exercise}"})
         findings = fn(namespace)
-        return json.dumps({"findings": [{"pitfall": int(getattr(f, "pitfall", 0)), "title": str(getattr(f, "title", f)),
-                                         "message": str(getattr(f, "message", ""))} for f in findings]})
+        return json.dumps({"findings": [_finding_json(f) for f in findings]})
     except BaseException as err:  # noqa: BLE001 - never raise into the notebook
         return json.dumps({"error": f"{type(err).__name__}: {err}"[:500]})
 
@@ -345,8 +353,9 @@ def _read_run(report: Report, run: _Run, tests: list[tuple[str, float]], path: P
 def _finding_lines(f: dict[str, Any], lang: str) -> list[str]:
     """One diagnosed finding as two or three lines: the pitfall's name, the evidence, the fix.
 
-    In Chinese the name and the fix are the catalog's Chinese ones; the evidence (shapes, numbers,
-    the inputs that show it) is kept as the diagnosis wrote it.
+    The fix is the finding's own (``f["fix"]``, in Chinese ``f["fix_zh"]``) when it has one, else the
+    catalog's for its pitfall. In Chinese the name is the catalog's Chinese one; the evidence (shapes,
+    numbers, the inputs that show it) is kept as the diagnosis wrote it.
     """
     from tinytf.checks.catalog import Pitfall
 
@@ -354,12 +363,17 @@ def _finding_lines(f: dict[str, Any], lang: str) -> list[str]:
         pitfall = Pitfall(int(f["pitfall"]))
     except ValueError:  # a number the catalog does not know (a newer diagnosis)
         return [f"  x [pitfall {f['pitfall']}] {f['title']}", f"      {f['message']}"]
+    own = str(f.get("fix") or "")
+    evidence = str(f["message"]).split(" Fix: ", 1)[0]
     if lang != "zh":
-        return [f"  x [{pitfall.label()}] {f['title']}", f"      {f['message']}"]
+        head = f"  x [{pitfall.label()}] {f['title']}"
+        return [head, f"      {evidence}", "      " + say("fix", lang, fix=own)] if own else [head, f"      {f['message']}"]
     lines = [f"  x [{pitfall.label('zh')}] {f['title']}"]
+    if own:
+        return [*lines, "      " + say("evidence", "zh", message=evidence), "      " + say("fix", "zh", fix=f.get("fix_zh") or own)]
     if pitfall is Pitfall.GENERAL:
         return [*lines, "      " + say("evidence", "zh", message=f["message"])]
-    evidence = str(f["message"]).split(" Fix: ", 1)[0]  # the English fix is replaced by the catalog's Chinese one
+    # the English fix is replaced by the catalog's Chinese one
     return [*lines, "      " + say("evidence", "zh", message=evidence), "      " + say("fix", "zh", fix=pitfall.entry.fix_zh)]
 
 
