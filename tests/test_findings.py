@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import tinytf
-from tinytf.checks import Finding, Pitfall, found
+from tinytf.checks import Finding, Pitfall, found, report
 from tinytf.course.nbgrader_root import REPO
 from tinytf.course.reference import ex05, ex07
 from tinytf.course.validate import _finding_json, _finding_lines
@@ -40,6 +40,8 @@ def test_without_its_own_fix_the_catalogs_fix_is_the_fallback():
 def test_an_own_fix_without_chinese_is_printed_as_written():
     f = Finding(Pitfall.SCALE, "t", "evidence.", fix="divide by sqrt(d)")
     assert _lines(f, "zh")[-1].strip() == "修复：divide by sqrt(d)"
+    assert str(f).endswith("evidence. Fix: divide by sqrt(d).") and report([f]).endswith("evidence. Fix: divide by sqrt(d).")
+    assert found(Pitfall.SCALE, "t", "e.", fix="x").text.count("Fix:") == 1  # stated once, not twice
 
 
 def _step(aligned: str):

@@ -30,7 +30,14 @@ class Finding:
 
     def __str__(self) -> str:
         tag = f"pitfall {int(self.pitfall)}" if self.pitfall else "problem"
-        return f"[{tag}] {self.title}: {self.message}"
+        return f"[{tag}] {self.title}: {self.text}"
+
+    @property
+    def text(self) -> str:
+        """The message, ending with this finding's own fix when it has one the message does not state yet."""
+        if self.fix and " Fix: " not in self.message:
+            return f"{self.message} Fix: {self.fix.replace('`', '')}."
+        return self.message
 
 
 def found(pitfall: Pitfall, title: str, evidence: str, *, where: str = "", fix: bool | str = True,
@@ -58,5 +65,5 @@ def report(findings: Iterable[Finding], *, name: str | None = None) -> str:
     for f in findings:
         tag = f.pitfall.label()
         lines.append(f"  x [{tag}] {f.title}")
-        lines.append(f"      {f.message}")
+        lines.append(f"      {f.text}")
     return "\n".join(lines)
