@@ -142,6 +142,26 @@ def test_attention_in_place_edit_of_inputs_is_reported():
     assert "in place" in titles(findings) and 1 not in pitfalls(findings), report(findings)
 
 
+def _scaled_for_the_first_batch_element_only(q, k, v, mask=None):
+    """Attention that forgets 1/sqrt(d) for every batch element but the first."""
+    s = q @ k.transpose(-2, -1)  # [B, H, Tq, Tk]
+    s = torch.cat([s[:1] / math.sqrt(q.size(-1)), s[1:]])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def test_attention_wrong_scale_on_part_of_the_batch_is_pitfall_1_on_those_elements():
+    findings = diagnose_attention(_scaled_for_the_first_batch_element_only)
+    assert [int(f.pitfall) for f in findings] == [1], report(findings)
+    f = findings[0]
+    assert "part of the batch" in f.title and "missing scaling" in f.title, report(findings)
+    assert "batch element 0 is right" in f.message and "batch elements 1, 2 only" in f.message, report(findings)
+    assert "none of the known mistakes" not in report(findings)
+    assert "whole batch" in f.fix and "sqrt(q.size(-1))" in f.fix and f.fix_zh
+    assert diagnose_attention(make_attention(scale=lambda q: 1.0))[0].title == "missing scaling"  # the whole batch: as before
+
+
 # ---------------------------------------------------------------------------------------------------
 # diagnose_causal_mask
 # ---------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 
 from tinytf.checks import Pitfall
 from tinytf.course.grade import grade
+from tinytf.course.messages import say
 from tinytf.course.nbgrader_root import REPO, find_notebooks
 from tinytf.course.validate import format_report, validate
 
@@ -112,9 +113,26 @@ def test_validate_gives_the_expected_verdict(path, submissions):
     for words in want["says"]:
         assert words in text, f"{_case_id(path)}: validate must say {words!r}; it said\n{text}"
     assert "without encryption" not in text
+    _assert_each_finding_prints_its_own_fix(report, text)
     assert report.self_check_ok == report.ok, (
         f"{_case_id(path)}: the notebook's self-check says {'OK' if report.self_check_ok else 'FAILED'} but validate "
         f"says {'OK' if report.ok else 'FAILED'} — a student must never get green from one and red from the other\n{text}")
+
+
+def _assert_each_finding_prints_its_own_fix(report, text: str) -> None:
+    """A finding with its own fix prints that fix (in the report's language) as its fix line, never the catalog's."""
+    lines = text.splitlines()
+    for f in report.findings:
+        own = (f.get("fix_zh") if report.lang == "zh" else "") or f.get("fix")
+        if not own:
+            continue
+        start = next(i for i, line in enumerate(lines) if line.startswith("  x [") and line.endswith(f" {f['title']}"))
+        block = lines[start + 1 : next((j for j in range(start + 1, len(lines)) if not lines[j].startswith("      ")), len(lines))]
+        assert block[-1] == "      " + say("fix", report.lang, fix=own), f"{f['title']}: its own fix must be its fix line\n{text}"
+        pitfall = Pitfall(int(f["pitfall"]))
+        if pitfall:
+            catalog = pitfall.entry.fix_zh if report.lang == "zh" else pitfall.fix.replace("`", "")
+            assert catalog not in "\n".join(block), f"{f['title']}: the catalog's fix {catalog!r} is wrong here\n{text}"
 
 
 @pytest.mark.parametrize("path", CASES, ids=_case_id)

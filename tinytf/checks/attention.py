@@ -135,6 +135,32 @@ def _name_core(ok: list[Ran], bad: list[int], cores: list[Core], tol: float) -> 
     return findings, rest
 
 
+def _name_batch_part(ok: list[Ran], rest: list[int], tol: float) -> list[Finding]:
+    """A core mistake on part of the batch only: some batch elements right, every other one wrong in one named way
+    (e.g. the scale forgotten for every batch element but the first). ``[]`` when that is not what happened."""
+    elements = {(i, b): (Probe(p.q[b : b + 1], p.k[b : b + 1], p.v[b : b + 1], p.h, p.d), out[b : b + 1])
+                for i in rest for p, out in [ok[i]] for b in range(p.q.size(0))}
+    right = sorted({b for key, el in elements.items() if _fits(RIGHT, *el, tol) for b in [key[1]]})
+    wrong = [key for key, el in elements.items() if not _fits(RIGHT, *el, tol)]
+    if not right or not wrong:
+        return []
+    bad = sorted({b for _, b in wrong})
+    if set(bad) & set(right):
+        return []  # the same batch element is right on one probe and wrong on another: not a split of the batch
+    for core, problems in CORES[1:]:
+        if all(_fits(core, *elements[key], tol) for key in wrong):
+            where = only_for([_where(ok[i][0]) for i in sorted({i for i, _ in wrong})], len({i for i, _ in wrong}), len(ok))
+            part = (f" This holds for batch element{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} only; batch "
+                    f"element{'s' if len(right) > 1 else ''} {', '.join(map(str, right))} {'are' if len(right) > 1 else 'is'} "
+                    "right: the code treats the batch elements differently (an index such as [0], or a loop over the batch "
+                    "that does the step for one of them only). Do every step on the whole tensor [B, H, T, d].")
+            return [found(pitfall, f"{title} on part of the batch", text + part, where=where,
+                          fix=f"do the step for the whole batch at once (no [0], no per-element branch): {pitfall.fix}",
+                          fix_zh=f"对整个批次一次完成这一步（不要用 [0]，也不要按元素分支）：{pitfall.entry.fix_zh}")
+                    for pitfall, title, text in problems]
+    return []
+
+
 def _unnamed_core(fn: Callable, ok: list[Ran], rest: list[int], gen: torch.Generator) -> list[Finding]:
     """Property checks (rows of weights sum to one, keys are a set) on a probe no reference explains."""
     findings = []
@@ -279,7 +305,8 @@ def diagnose_attention(fn: Callable, *, seeds: Sequence[int] = (0, 1), tol: floa
         named, rest = _name_core(ok, bad, cores, tol)
         findings += named
         if rest:
-            return findings + _unnamed_core(fn, ok, rest, gen)
+            partial = _name_batch_part(ok, rest, tol)
+            return findings + (partial or _unnamed_core(fn, ok, rest, gen))
     return findings + _diagnose_masks(fn, ok, cores, gen, tol)
 
 

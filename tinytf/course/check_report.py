@@ -51,8 +51,9 @@ class Report:
 def finding_lines(f: dict[str, Any], lang: str) -> list[str]:
     """One diagnosed finding as two or three lines: the pitfall's name, the evidence, the fix.
 
-    In Chinese the name and the fix are the catalog's Chinese ones; the evidence (shapes, numbers,
-    the inputs that show it) is kept as the diagnosis wrote it.
+    The fix is the finding's own (``f["fix"]``, in Chinese ``f["fix_zh"]``) when it has one, else the
+    catalog's for its pitfall. In Chinese the name is the catalog's Chinese one; the evidence (shapes,
+    numbers, the inputs that show it) is kept as the diagnosis wrote it.
     """
     from tinytf.checks.catalog import Pitfall
 
@@ -60,12 +61,17 @@ def finding_lines(f: dict[str, Any], lang: str) -> list[str]:
         pitfall = Pitfall(int(f["pitfall"]))
     except ValueError:  # a number the catalog does not know (a newer diagnosis)
         return [f"  x [pitfall {f['pitfall']}] {f['title']}", f"      {f['message']}"]
+    own = str(f.get("fix") or "")
+    evidence = str(f["message"]).split(" Fix: ", 1)[0]
     if lang != "zh":
-        return [f"  x [{pitfall.label()}] {f['title']}", f"      {f['message']}"]
+        head = f"  x [{pitfall.label()}] {f['title']}"
+        return [head, f"      {evidence}", "      " + say("fix", lang, fix=own)] if own else [head, f"      {f['message']}"]
     lines = [f"  x [{pitfall.label('zh')}] {f['title']}"]
+    if own:
+        return [*lines, "      " + say("evidence", "zh", message=evidence), "      " + say("fix", "zh", fix=f.get("fix_zh") or own)]
     if pitfall is Pitfall.GENERAL:
         return [*lines, "      " + say("evidence", "zh", message=f["message"])]
-    evidence = str(f["message"]).split(" Fix: ", 1)[0]  # the English fix is replaced by the catalog's Chinese one
+    # the English fix is replaced by the catalog's Chinese one
     return [*lines, "      " + say("evidence", "zh", message=evidence), "      " + say("fix", "zh", fix=pitfall.entry.fix_zh)]
 
 

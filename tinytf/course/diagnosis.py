@@ -7,10 +7,20 @@ from __future__ import annotations
 
 import importlib
 import json
+from typing import Any
 
 from .exercises import REFERENCE_MODULES
 
-__all__ = ["diagnose_json"]
+__all__ = ["diagnose_json", "finding_json"]
+
+
+def finding_json(f: Any) -> dict[str, Any]:
+    """One finding as JSON: pitfall, title, message, and its own ``fix``/``fix_zh`` when it has one."""
+    out = {"pitfall": int(getattr(f, "pitfall", 0)), "title": str(getattr(f, "title", f)), "message": str(getattr(f, "message", ""))}
+    for key in ("fix", "fix_zh"):
+        if getattr(f, key, ""):
+            out[key] = str(getattr(f, key))
+    return out
 
 
 def diagnose_json(exercise: str, namespace: dict | None = None) -> str:
@@ -25,7 +35,6 @@ def diagnose_json(exercise: str, namespace: dict | None = None) -> str:
         if fn is None:
             return json.dumps({"findings": [], "note": f"no diagnosis is available for {exercise}"})
         findings = fn(namespace)
-        return json.dumps({"findings": [{"pitfall": int(getattr(f, "pitfall", 0)), "title": str(getattr(f, "title", f)),
-                                         "message": str(getattr(f, "message", ""))} for f in findings]})
+        return json.dumps({"findings": [finding_json(f) for f in findings]})
     except BaseException as err:  # noqa: BLE001 - never raise into the notebook
         return json.dumps({"error": f"{type(err).__name__}: {err}"[:500]})

@@ -144,9 +144,18 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     leaky.load_state_dict(good.state_dict())
     g = torch.Generator().manual_seed(8)
     src, tgt, lengths = torch.randn(3, 6, 12, generator=g), torch.randn(3, 4, 12, generator=g), torch.tensor([3, 5, 2])
+    given = {"src": src.clone(), "tgt": tgt.clone(), "lengths": lengths.clone()}
     p_good, problem = call_student("probe_encoder_decoder", fn, good, src, tgt, lengths)
     if problem:
         return [problem]
+    changed = [name for name, t in zip(given, (src, tgt, lengths)) if not torch.equal(t, given[name])]
+    if changed:  # the model is correct: whatever the probe then reports comes from its own edit, not from a leak
+        return [found(Pitfall.GENERAL, f"probe_encoder_decoder changes its input {' and '.join(changed)}",
+                      f"after the call {', '.join(changed)} no longer hold{'s' if len(changed) == 1 else ''} the values passed in: "
+                      "the probe writes into the caller's tensor, so its 'changed' and 'unchanged' runs see the same edited "
+                      "input and its numbers describe the edit, not the model.",
+                      fix="clone the input before changing it: src2 = src.clone(), then edit src2",
+                      fix_zh="先克隆输入再修改：src2 = src.clone()，然后修改 src2")]
     if not isinstance(p_good, dict) or not set(PROBE_KEYS) <= set(p_good):
         return [Finding(Pitfall.GENERAL, "probe_encoder_decoder returns the wrong thing",
                         "return {'encoder_effect': float, 'padding_leak': float}.")]

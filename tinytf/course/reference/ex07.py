@@ -151,6 +151,10 @@ def _wrong_entries(name: str, got: Any, old: torch.Tensor, new: torch.Tensor) ->
                    f"passed in (first entries {expected.flatten()[:3].tolist()}), got {shape_of(got)}.")
 
 
+# a cached step's own fix: the catalog's square ones(T, T).tril() is exactly the mask that is wrong here
+_STEP_FIX = "use tinytf.causal_mask(t, past + t): END-aligned, [t, past + t], new token i reads keys 0 .. past + i"
+_STEP_FIX_ZH = "使用 tinytf.causal_mask(t, past + t)：末尾对齐，形状 [t, past + t]，第 i 个新 token 读取键 0 .. past + i"
+
 _MASKS = {  # a student's causal mask [t, T] (T = past + t): (allowed(t, T), title, what it does)
     "sees_next": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t + 1), "the causal mask lets tokens read one key too many",
                   "each token also reads the NEXT key: the diagonal is off by one"),
@@ -185,7 +189,7 @@ def _name_step_mask(attn: Any, x: torch.Tensor, got: list[Any]) -> Finding | Non
                 return Finding(Pitfall.CAUSAL_OFF_BY_ONE, title,
                                f"{meaning}. Seen with a prefill of 4 tokens then decode steps at positions 4 and 5: the new tokens "
                                "at absolute positions past .. past + t - 1 may read keys 0 .. their own position: "
-                               "tinytf.causal_mask(t, past + t).")
+                               "tinytf.causal_mask(t, past + t).", fix=_STEP_FIX, fix_zh=_STEP_FIX_ZH)
     return None
 
 
@@ -240,7 +244,8 @@ def _diagnose_chunk(fn: Any, attn: torch.nn.Module, x: torch.Tensor, full: torch
     return [Finding(Pitfall.GENERAL, "attention_step is wrong for several new tokens after cached ones",
                     "a prefill and one-token decode steps are right, but 2 new tokens after 3 cached ones "
                     f"({'raised: ' + problem.message if problem else 'differ from attn(x)'}): the mask must be END-aligned, "
-                    "[t, past + t], new token i reads keys 0..past + i: tinytf.causal_mask(t, past + t), not causal_mask(t).")]
+                    "[t, past + t], new token i reads keys 0..past + i: tinytf.causal_mask(t, past + t), not causal_mask(t).",
+                    fix=_STEP_FIX, fix_zh=_STEP_FIX_ZH)]
 
 
 def _generation_probe() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
