@@ -19,6 +19,7 @@ from tinytf.viz import attention as att
 from tinytf.viz import cache as vc
 from tinytf.viz import memory as mem
 from tinytf.viz import tiled as vt
+from tinytf.viz.cells import CellLabels
 
 S = "the cat sat on the mat"
 
@@ -49,6 +50,7 @@ def signature(fig: Figure) -> list:
             "lines": [(_arr(ln.get_xdata()), _arr(ln.get_ydata()), ln.get_label()) for ln in ax.lines if ln in vis],
             "areas": [[_arr(p.vertices) for p in c.get_paths()] for c in ax.collections if c in vis],
             "texts": [(t.get_text(), t.get_position(), getattr(t, "xy", None), t.get_color()) for t in ax.texts if t in vis],
+            "cells": [a.get_cells() for a in vis if isinstance(a, CellLabels)],  # numbers in heatmap cells
             "patches": [(p.get_xy(), p.get_hatch()) for p in vis if isinstance(p, Rectangle) and p is not ax.patch],
             "limits": (ax.get_xlim(), ax.get_ylim(), ax.get_xscale(), ax.get_yscale()),
             "title": ax.get_title(),

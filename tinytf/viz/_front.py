@@ -108,24 +108,29 @@ def figure_or_message(figure_fn: Callable[..., Any], **options: Any) -> Any:
 
 
 def render_png(fig: Any) -> bytes:
-    """``fig`` as PNG bytes at its own dpi: one Agg draw and a fast (level-1) PNG encoding.
+    """``fig`` as PNG bytes at its own dpi: one Agg draw and a fast lossless PNG encoding (RGB, zlib level 1, RLE).
 
+    The canvas renders each glyph once (:mod:`tinytf.viz.glyphs`: pixel for pixel what Agg draws).
     A figure whose remembered parts name the artists an update changes (``parts.artists()``) is
     blitted: the rest (axes, tick labels, colour bar) is drawn once and kept as a background, and
     each later call restores it and draws only those artists, in the order given.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from PIL import Image
 
-    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    from .glyphs import GlyphCacheCanvas
+
+    canvas = fig.canvas if isinstance(fig.canvas, GlyphCacheCanvas) else GlyphCacheCanvas(fig)  # the same pixels as Agg
     parts = recall(fig)
     if hasattr(parts, "artists"):
         _blit(fig, canvas, list(parts.artists()))
     else:
         canvas.draw()
     w, h = canvas.get_width_height(physical=True)
+    image = Image.frombuffer("RGBA", (w, h), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    if fig.patch.get_visible() and fig.patch.get_facecolor()[3] == 1.0:
+        image = image.convert("RGB")  # an opaque figure: the alpha channel is 255 everywhere, a quarter of the bytes
     buf = io.BytesIO()
-    Image.frombuffer("RGBA", (w, h), canvas.buffer_rgba(), "raw", "RGBA", 0, 1).save(buf, format="png", compress_level=1)
+    image.save(buf, format="png", compress_level=1, compress_type=3)  # zlib Z_RLE: half the time of level 1 alone
     return buf.getvalue()
 
 

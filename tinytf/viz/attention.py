@@ -28,6 +28,7 @@ from ..attention import scaled_dot_product_attention
 from ..heads import MultiHeadAttention
 from ..masks import causal_mask
 from ._front import interactive_figure, recall, remember
+from .cells import CellLabels
 from .fonts import displayable, has_cjk, use_cjk_font
 
 __all__ = [
@@ -154,13 +155,14 @@ class _Heatmap:
     key: tuple  # (tokens, annotate): another value needs another figure
     image: Any
     title: Any
-    cells: list  # [T*T] text artists (annotate) or []
+    cells: CellLabels | None  # the numbers in the cells (annotate) or None
     hatches: list = field(default_factory=list)
 
     def artists(self) -> list:
         """What an update changes, in drawing order (spines over the image, as in a full draw)."""
         ax = self.image.axes
-        return [self.image, *self.hatches, *ax.spines.values(), *self.cells, self.title]
+        cells = [self.cells] if self.cells is not None else []
+        return [self.image, *self.hatches, *ax.spines.values(), *cells, self.title]
 
 
 def _heatmap_data(head: int, heads: int, annotate: bool | None, options: dict[str, Any]) -> dict[str, Any]:
@@ -190,11 +192,11 @@ def _heatmap_layout(tokens: tuple[str, ...], annotate: bool) -> tuple[Any, _Heat
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
     cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")  # masked cells: light grey (and hatched)
     im = ax.imshow(np.zeros((t, t)), cmap=cmap, vmin=0.0, vmax=1.0)
-    cells = [ax.text(j, i, "", ha="center", va="center", fontsize=7) for i in range(t) for j in range(t)] if annotate else []
     hatches = [Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#8c8c8c", lw=0, visible=False)
                for i in range(t) for j in range(t)]  # one per cell, shown where the mask blocks it
     for patch in hatches:
         ax.add_artist(patch)  # add_artist, not add_patch: the image already fixed the limits
+    cells = CellLabels(ax, (t, t), fontsize=7) if annotate else None  # over the hatches, as ax.text was
     cjk_ok = use_cjk_font(tokens)  # a Chinese font when the tokens need one (else code points)
     labels = [displayable(w, cjk_ok) for w in tokens]
     ax.set_xticks(range(t), labels, rotation=60, ha="right")
@@ -214,11 +216,9 @@ def _heatmap_fill(parts: _Heatmap, data: dict[str, Any]) -> None:
     parts.image.set_data(np.ma.masked_array(w, mask=blocked))
     for patch, hide in zip(parts.hatches, blocked.ravel()):
         patch.set_visible(bool(hide))  # blocked reads as "blocked", not "0"
-    for k, cell in enumerate(parts.cells):
-        i, j = divmod(k, w.shape[1])
-        cell.set_visible(not blocked[i, j])
-        cell.set_text("" if blocked[i, j] else f"{w[i, j]:.2f}")
-        cell.set_color("black" if w[i, j] > 0.55 else "white")
+    if parts.cells is not None:  # blocked cells get no number
+        parts.cells.set_cells(["" if b else f"{x:.2f}" for x, b in zip(w.ravel().tolist(), blocked.ravel().tolist())],
+                              ["black" if x > 0.55 else "white" for x in w.ravel().tolist()])
     parts.title.set_text(data["title"])
 
 
