@@ -135,6 +135,9 @@ def test_attention_explorer_reacts_in_a_real_browser(lab: tuple[str, str]):
         drive(page, *lab)
 
 
+# what chapter 01's Chinese-sentence cell prints, per edition (the twins print in their own language)
+TOKENS_PRINTED = {"en": re.compile(r"^12 tokens: 猫 坐 在"), "zh": re.compile(r"^12 个 token： 猫 坐 在")}
+
 # the menu and status-bar words the test clicks and reads, per Lab language (zh: jupyterlab-language-pack-zh-CN)
 LAB_WORDS = {"en": {"idle": "Idle", "run": "Run", "run_all": "Run All Cells", "no": "No"},
              "zh": {"idle": "空闲", "run": "运行", "run_all": "运行所有单元格", "no": "否"}}
@@ -168,11 +171,12 @@ def drive(page, lab: str, lang: str = "en") -> None:
     """Open chapter 01, run all cells, change the explorer's mask, check the heatmap changed; the
     figure of a Chinese sentence renders (no missing glyph); the Chinese edition shows Chinese prose."""
     open_and_run_all(page, lab, CHAPTER.name)
-    explorer = page.locator(".widget-vbox", has=page.locator(".widget-output")).first
-    heatmap = explorer.locator(".widget-output img").first
+    # the live figure is an ipywidgets Image (never an Output widget: tinytf.viz._front)
+    explorer = page.locator(".widget-vbox", has=page.locator("img.widget-image")).first
+    heatmap = explorer.locator("img.widget-image").first
     heatmap.wait_for(state="visible", timeout=150_000)
     before = heatmap.get_attribute("src")
-    assert before and before.startswith("data:image/png")
+    assert before, "the explorer's figure has no image"
 
     mask = explorer.locator(".widget-dropdown", has=page.locator("label", has_text="mask")).locator("select")
     assert mask.input_value() == "none"
@@ -182,7 +186,7 @@ def drive(page, lab: str, lang: str = "en") -> None:
     after = before
     while time.monotonic() < deadline and after == before:
         page.wait_for_timeout(250)
-        img = explorer.locator(".widget-output img").first
+        img = explorer.locator("img.widget-image").first
         after = img.get_attribute("src") if img.count() else before
     assert after != before, "changing the mask did not redraw the heatmap"
 
@@ -193,7 +197,7 @@ def drive(page, lab: str, lang: str = "en") -> None:
     explorer.screenshot(path=str(SHOTS / f"attention_explorer_widget{suffix}.png"))
     if lang == "zh":
         assert page.get_by_text("注意力（Attention）").count(), "the Chinese chapter shows its Chinese title"
-    tokens = page.locator(".jp-OutputArea-output", has_text=re.compile(r"^12 tokens: 猫 坐 在"))  # the Chinese-sentence cell
+    tokens = page.locator(".jp-OutputArea-output", has_text=TOKENS_PRINTED[lang])  # the Chinese-sentence cell
     tokens.first.wait_for(timeout=120_000)
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t or "Glyph" in t]
@@ -257,7 +261,7 @@ def test_the_chinese_lab_speaks_chinese(tmp_path: Path):
         assert page.locator(".jp-StatusBar-Widget", has_text="Python (tinytf)").count(), "the chapter runs on the tinytf kernel"
         assert not {tool: n for tool, n in _student_tools(page).items() if n}, "the Chinese Lab is the student's Lab"
         assert page.get_by_text("注意力（Attention）").count(), "the Chinese chapter is open"
-        tokens = page.locator(".jp-OutputArea-output", has_text=re.compile(r"^12 tokens: 猫 坐 在"))
+        tokens = page.locator(".jp-OutputArea-output", has_text=TOKENS_PRINTED["zh"])
         tokens.first.wait_for(timeout=150_000)
         page.locator(".lm-MenuBar-item", has_text=re.compile("^文件")).first.click()
         page.wait_for_timeout(300)
