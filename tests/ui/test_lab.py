@@ -126,6 +126,9 @@ def lab(tmp_path: Path, request):
     work = tmp_path / "lab"
     work.mkdir()
     shutil.copy(CHAPTERS[request.param], work / CHAPTER.name)
+    rc = CHAPTERS[request.param].parent / "matplotlibrc"  # the Chinese edition's figure font (notebooks/zh/matplotlibrc)
+    if rc.is_file():
+        shutil.copy(rc, work / rc.name)
     with serve_lab(work, tmp_path) as base:
         yield base, request.param
 
@@ -251,6 +254,7 @@ def test_the_chinese_lab_speaks_chinese(tmp_path: Path):
     work = tmp_path / "zh"
     work.mkdir()
     shutil.copy(CHAPTERS["zh"], work / CHAPTER.name)
+    shutil.copy(CHAPTERS["zh"].parent / "matplotlibrc", work / "matplotlibrc")
     with serve_lab(work, tmp_path, "student", lang="zh") as base, browser_page("zh-lab") as page:
         open_and_run_all(page, base, CHAPTER.name, lang="zh")
         menus = page.locator(".lm-MenuBar-item").all_inner_texts()
