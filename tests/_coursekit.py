@@ -7,6 +7,7 @@ import contextlib
 import copy
 import fcntl
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -377,3 +378,25 @@ def fresh_release(lang: str = "en") -> Path:
                 release(REPO_ROOT / src, root / Path(out).relative_to("exercises"))
             (root / ".complete").write_text(key)
     return root / Path(EDITION_FOLDERS[lang][1]).relative_to("exercises")
+
+
+def once_per_run(tmp_path_factory, name: str, build) -> Path:
+    """A folder built once per test run and shared by every xdist worker: ``build(folder)`` fills it.
+
+    A module fixture may be set up more than once in one run (under ``--dist loadgroup`` a worker that
+    runs another file's tests in between tears it down), and two workers may need the same grading run;
+    the folder lives in the run's shared temporary root (pytest-xdist's documented pattern for
+    session-wide work), so the second set-up reads what the first one wrote. A failed build leaves no
+    ``.complete`` marker and is built again. Read-only for the tests: copy what you change.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # popen-gwN's parent: the same folder for every worker of this run
+    folder = root / f"once-{name}"
+    with _locked(root / f"once-{name}.lock"):
+        if not (folder / ".complete").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            build(folder)
+            (folder / ".complete").write_text(name)
+    return folder
