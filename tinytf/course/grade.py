@@ -161,9 +161,17 @@ def _sandbox_one(ctx: _Context, student: str, student_dir: Path, ex: str) -> Exe
             "edition": lang, "course": str(ctx.courses[lang])}
 
 
+def _lower_priority() -> None:
+    """In a judging process before it starts: nice 10, so that while it imports and judges, the kernels
+    of the sandboxes still running keep the CPU (a kernel starved on a busy machine misses its timeouts)."""
+    import os
+
+    os.nice(10)
+
+
 class _Finishers:
-    """``jobs`` clean judging processes (``python -I -m tinytf.course.finish``); :meth:`send` gives
-    each job to the least loaded one."""
+    """``jobs`` clean judging processes (``python -I -m tinytf.course.finish``, at a lower priority);
+    :meth:`send` gives each job to the least loaded one, as soon as its sandbox has ended."""
 
     def __init__(self, ctx: _Context, jobs: int) -> None:
         cmd = [sys.executable, "-I", "-c", _FINISH_MAIN, "--course", str(ctx.courses["en"])]
@@ -174,7 +182,7 @@ class _Finishers:
         for k in range(jobs):
             with (ctx.work / f"finish-{k}.log").open("wb") as log:
                 self.procs.append(subprocess.Popen(cmd, cwd=ctx.work, env=clean_env, stdin=subprocess.PIPE,
-                                                   stdout=log, stderr=subprocess.STDOUT))
+                                                   stdout=log, stderr=subprocess.STDOUT, preexec_fn=_lower_priority))
         self.sent = [0] * jobs
 
     def send(self, item: dict) -> None:
@@ -251,31 +259,33 @@ def _setup(solutions: Path, sols: dict[str, dict[str, Path]], work: Path, releas
 
 
 def _run_all(ctx: _Context, students: list[Path], exercises: list[str], jobs: int, progress: bool) -> list[ExerciseResult]:
-    """Every (student, exercise): the sandboxes ``jobs`` at a time, then the judging processes."""
+    """Every (student, exercise): the sandboxes ``jobs`` at a time, each judged as soon as it has ended
+    by the judging processes (started at once, at a lower priority: they import while the first kernels run)."""
     from tqdm.auto import tqdm
 
     tasks = [(s.name, s, ex) for s in students for ex in exercises]
     results: list[ExerciseResult] = []
     pending: list[dict] = []
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_sandbox_one, ctx, *t): t for t in tasks}
-        bar = tqdm(total=len(tasks), desc="grading", unit="notebook", disable=not progress)
-        for fut in as_completed(futures):
-            student, _, ex = futures[fut]
-            try:
-                got = fut.result()
-            except Exception as err:  # noqa: BLE001 - the run finishes whatever happens
-                got = _whole(ctx, ex, student, "error", f"grader error: {type(err).__name__}: {err}"[:300])
-            (results if isinstance(got, ExerciseResult) else pending).append(got)
-            bar.update(1)
-        bar.close()
-    # judged once every sandbox has ended: judging processes started earlier compete with the first kernels
-    # for the CPU, and on a busy machine a kernel then misses nbclient's 4 s IOPub timeout
-    pending.sort(key=lambda it: (it["student"], it["exercise"]))
     finishers = _Finishers(ctx, jobs)
-    for item in pending:
-        finishers.send(item)
-    _finish_all(ctx, finishers)
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(_sandbox_one, ctx, *t): t for t in tasks}
+            bar = tqdm(total=len(tasks), desc="grading", unit="notebook", disable=not progress)
+            for fut in as_completed(futures):
+                student, _, ex = futures[fut]
+                try:
+                    got = fut.result()
+                except Exception as err:  # noqa: BLE001 - the run finishes whatever happens
+                    got = _whole(ctx, ex, student, "error", f"grader error: {type(err).__name__}: {err}"[:300])
+                if isinstance(got, ExerciseResult):
+                    results.append(got)
+                else:
+                    pending.append(got)
+                    finishers.send(got)
+                bar.update(1)
+            bar.close()
+    finally:
+        _finish_all(ctx, finishers)
     return results + [_collect(ctx, item) for item in pending]
 
 
