@@ -474,9 +474,9 @@ def test_ex08_train_is_judged_on_tinytfs_parts_when_an_earlier_part_is_wrong(ex0
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids.reshape(-1),
                                                  ignore_index=-100 if pad_id is None else pad_id)
 
-    source = _cells("ex08")["ex08_train_code"].source
-    ns = {**ex08_ns, "next_char_loss": unshifted}
-    exec(compile(source, "<ex08_train_code>", "exec"), ns)  # noqa: S102 - train's globals are ns: it calls the wrong loss
+    cells = _cells("ex08")
+    source = cells["ex08_train_code"].source
+    ns = K.run_cells(cells, ["ex08_train_code"], {**ex08_ns, "next_char_loss": unshifted})  # train's globals: the wrong loss
     value, inputs = ex08_probes.PROBES["ex08_train"](ns, torch.Generator().manual_seed(0))
     K.accepts("ex08_train", value, inputs)
     assert ns["next_char_loss"] is unshifted, "the student's function is back after the probe"
@@ -484,7 +484,7 @@ def test_ex08_train_is_judged_on_tinytfs_parts_when_an_earlier_part_is_wrong(ex0
     assert Pitfall.UNSHIFTED_TARGETS in _pitfalls(findings) and not [f for f in findings if "ex08_train" in f.title]
 
     assert source.count("scheduler.step()") == 1
-    exec(compile(source.replace("scheduler.step()", "pass"), "<ex08_train_code>", "exec"), ns)  # noqa: S102 - forgets the schedule
+    K.run_cells(cells, ["ex08_train_code"], ns, sources={"ex08_train_code": source.replace("scheduler.step()", "pass")})  # no schedule
     [train] = [f for f in ex08.diagnose(ns) if f.title.startswith("ex08_train")]
     assert "the learning rate at step" in train.message, train.message
     assert "train was judged with tinytf's `next_char_loss`, because yours above is wrong" in train.message, train.message
