@@ -43,6 +43,10 @@ def _run(case: dict) -> tuple[dict, dict[str, str | None], dict[str, float]]:
     return ns, {gid: failures[gid] for gid in tests}, {gid: float(grading[gid].get("points", 0)) for gid in tests}
 
 
+def test_every_exercise_has_corpus_cases():
+    assert {ex: sum(p.parent.name == ex for p in CASES) >= 3 for ex in NOTEBOOKS} == dict.fromkeys(NOTEBOOKS, True)
+
+
 @pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}-{p.stem}")
 def test_hidden_tests_and_judges_agree_on_the_corpus(path, tmp_path, monkeypatch):
     case = json.loads(path.read_text())

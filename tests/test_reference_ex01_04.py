@@ -528,6 +528,10 @@ CORPUS = REPO / "tests" / "corpus"
 CASES = [(ex, path.stem) for ex in sorted(NOTEBOOKS) for path in sorted((CORPUS / ex).glob("*.json"))]
 
 
+def test_every_exercise_has_corpus_cases():
+    assert {ex: sum(e == ex for e, _ in CASES) >= 3 for ex in NOTEBOOKS} == dict.fromkeys(NOTEBOOKS, True)
+
+
 @pytest.mark.parametrize("ex,case", CASES)
 def test_corpus_hidden_tests_judges_and_self_check_agree(ex, case, tmp_path, monkeypatch, fake_clock):
     """For every corpus case: a graded cell passes (visible + hidden tests) exactly when its judge accepts
