@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tinytf import CausalSelfAttention, KVCache, TinyLanguageModel
+from tinytf import CausalSelfAttention, KVCache, TinyLanguageModel, generate
+from tinytf.config import BACKENDS
 
 
 @pytest.fixture
@@ -82,3 +83,24 @@ def test_decode_step_weights_cover_every_cached_key(device):
     torch.testing.assert_close(slow, fast, atol=1e-5, rtol=1e-5)
     assert w.shape == (2, 2, 1, 6) and (w > 0).all()  # one query sees all 6 keys, none masked
     torch.testing.assert_close(w, w_full[:, :, 5:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_cache_stores_kv_heads_and_decoding_matches_recomputation(device, backend, kv_heads):
+    torch.manual_seed(kv_heads)
+    model = TinyLanguageModel(vocab=40, dim=32, heads=4, layers=2, max_tokens=24, backend=backend,
+                              kv_heads=kv_heads).to(device).eval()
+    ids = torch.randint(0, 40, (3, 18), device=device)
+    cache = KVCache.for_model(model, batch=3)
+    assert cache.shape == (2, 3, kv_heads, 24, 8)
+    mha = KVCache.for_model(TinyLanguageModel(vocab=40, dim=32, heads=4, layers=2, max_tokens=24), batch=3)
+    assert mha.nbytes() == cache.nbytes() * (4 // kv_heads)
+    with torch.no_grad():
+        full = model(ids)
+        torch.testing.assert_close(model(ids[:, :6], cache=cache), full[:, :6], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(ids[:, 6:9], cache=cache), full[:, 6:9], atol=1e-5, rtol=1e-5)  # chunk
+        for t in range(9, 18):
+            torch.testing.assert_close(model(ids[:, t : t + 1], cache=cache)[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+    prompt = ids[:, :4]
+    assert torch.equal(generate(model, prompt, 16, temperature=0), generate(model, prompt, 16, temperature=0, use_cache=False))
