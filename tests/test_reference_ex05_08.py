@@ -22,7 +22,6 @@ from tinytf.checks import Pitfall
 from tinytf.course.judges import JUDGES, load_all
 from tinytf.course.reference import ex05, ex06, ex07, ex08, ex08_probes
 
-ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {
     "ex05": "ex05_cross_attention.ipynb",
     "ex06": "ex06_explicit_vs_sdpa.ipynb",
@@ -50,17 +49,16 @@ def _pitfalls(findings) -> list[Pitfall]:
 @pytest.mark.parametrize("ex", sorted(NOTEBOOKS))
 def test_every_grade_cell_has_a_judge_and_records_once(ex):
     load_all()
-    tests = [c for c in nbformat.read(ROOT / "solutions" / NOTEBOOKS[ex], as_version=4).cells
-             if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"]
+    cells = _cells(ex)
+    tests = [c for c in cells.values() if c.metadata["nbgrader"].get("grade") and c.cell_type == "code"]
     assert tests
     for cell in tests:
         gid = cell.metadata["nbgrader"]["grade_id"]
         assert gid.startswith(f"{ex}_") and gid in JUDGES, gid
-        hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+        hidden = K.hidden_part(cell)
         assert hidden.count("record(") == 1 and f'record("{gid}"' in hidden, gid
         assert "_g" in hidden and ".seed()" in hidden, f"{gid}: hidden inputs must be fresh random"
-    points = sum(c.metadata["nbgrader"].get("points", 0) for c in nbformat.read(ROOT / "solutions" / NOTEBOOKS[ex], as_version=4).cells
-                 if c.metadata.get("nbgrader", {}).get("grade"))
+    points = sum(K.graded_points(cells).values())
     assert 10 <= points <= 20
 
 
