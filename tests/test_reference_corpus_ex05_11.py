@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import _coursekit as K
+import _runner as R
 import matplotlib
 import pytest
 import torch
@@ -34,10 +34,10 @@ CASES = sorted(p for ex in NOTEBOOKS for p in (ROOT / "tests" / "corpus" / ex).g
 
 def _run(case: dict) -> tuple[dict, dict[str, str | None], dict[str, float]]:
     """Execute the case's notebook; ``(namespace, {test grade_id: None or the failure}, {grade_id: points})``."""
-    cells = K.notebook_cells(NOTEBOOKS[case["exercise"]])
+    cells = R.notebook_cells(NOTEBOOKS[case["exercise"]])
     ids = [gid for gid, c in cells.items() if c.cell_type == "code" and "self_check(" not in case["cells"].get(gid, c.source)]
     failures: dict[str, str | None] = {}
-    ns = K.run_cells(cells, ids, {"__name__": "__main__"}, sources=case["cells"], failures=failures)
+    ns = R.run_cells(cells, ids, {"__name__": "__main__"}, sources=case["cells"], failures=failures)
     grading = {gid: c.metadata.get("nbgrader", {}) for gid, c in cells.items()}
     tests = [gid for gid in ids if grading[gid].get("grade") and not grading[gid].get("solution")]
     return ns, {gid: failures[gid] for gid in tests}, {gid: float(grading[gid].get("points", 0)) for gid in tests}

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _coursekit as K
+import _runner as R
 import pytest
 import torch
 from torch import nn
@@ -72,7 +72,7 @@ def fake_clock(monkeypatch) -> FakeClock:
 
 
 def _cells(ex: str) -> dict[str, Any]:
-    return K.notebook_cells(NOTEBOOKS[ex])
+    return R.notebook_cells(NOTEBOOKS[ex])
 
 
 def _grade(cell: Any) -> dict:
@@ -88,7 +88,7 @@ def _run_notebook(ex: str, record_dir: Path, monkeypatch, *, sources: dict[str, 
                   failures: dict[str, str | None] | None = None) -> dict:
     """Execute the notebook's code cells in one namespace (CPU, headless, recording into ``record_dir``), the
     self-check and the slow cells (SKIP) left out. ``sources`` and ``failures`` as in
-    :func:`_coursekit.run_cells` (a corpus case's cells in place; a raising cell does not stop the run)."""
+    :func:`_runner.run_cells` (a corpus case's cells in place; a raising cell does not stop the run)."""
     monkeypatch.setenv("TINYTF_DEVICE", "cpu")
     monkeypatch.setenv("TINYTF_HEADLESS", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
@@ -98,9 +98,9 @@ def _run_notebook(ex: str, record_dir: Path, monkeypatch, *, sources: dict[str, 
     ns: dict = {"__name__": f"__{ex}__"}
     if "ex04_compare_answer" in ids:  # the comparison's structure, not its length, is what is judged
         at = ids.index("ex04_compare_answer")
-        K.run_cells(cells, ids[:at], ns, sources=sources, failures=failures)
+        R.run_cells(cells, ids[:at], ns, sources=sources, failures=failures)
         ns["STEPS"], ids = 8, ids[at:]
-    return K.run_cells(cells, ids, ns, sources=sources, failures=failures)
+    return R.run_cells(cells, ids, ns, sources=sources, failures=failures)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -171,72 +171,72 @@ def test_judges_accept_the_reference_answers(reference_runs, ex):
 def test_ex01_judges_reject_wrong_answers(reference_runs):
     _, rec = reference_runs["ex01"]
     r = rec["ex01_hand_qk"]
-    K.rejects("ex01_hand_qk", r["value"].T.contiguous() + torch.eye(3), r["inputs"])
-    K.rejects("ex01_hand_qk", r["value"], {**r["inputs"], "q": r["inputs"]["q"] * 2})  # tampered example
+    R.rejects("ex01_hand_qk", r["value"].T.contiguous() + torch.eye(3), r["inputs"])
+    R.rejects("ex01_hand_qk", r["value"], {**r["inputs"], "q": r["inputs"]["q"] * 2})  # tampered example
     r = rec["ex01_scores"]
     q, k = r["inputs"]["q"], r["inputs"]["k"]
-    K.rejects("ex01_scores", q @ k.transpose(-2, -1), r["inputs"])  # Pitfall.SCALE: no scaling
-    msg = K.rejects("ex01_scores", q @ k.transpose(-2, -1) / q.size(-1), r["inputs"])  # 1/d
+    R.rejects("ex01_scores", q @ k.transpose(-2, -1), r["inputs"])  # Pitfall.SCALE: no scaling
+    msg = R.rejects("ex01_scores", q @ k.transpose(-2, -1) / q.size(-1), r["inputs"])  # 1/d
     want = r["value"]
     assert f"scores_by_hand(q, k) differs from q @ kᵀ / sqrt(d): for q {list(q.shape)}, k {list(k.shape)} should be {list(want.shape)} " \
            f"starting [{float(want.reshape(-1)[0]):.4g}, " in msg, msg  # which output, which inputs, the correct shape and first entries
-    K.rejects("ex01_scores", r["value"][..., :1], r["inputs"])  # wrong shape
-    K.rejects("ex01_scores", "not a tensor", r["inputs"])
+    R.rejects("ex01_scores", r["value"][..., :1], r["inputs"])  # wrong shape
+    R.rejects("ex01_scores", "not a tensor", r["inputs"])
     r = rec["ex01_softmax"]
     s, big = r["inputs"]["scores"], r["inputs"]["large"]
-    K.rejects("ex01_softmax", {"weights": s.softmax(-2), "large": big.softmax(-1)}, r["inputs"])  # wrong axis
-    K.rejects("ex01_softmax", {"weights": s.softmax(-1), "large": big.exp() / big.exp().sum(-1, keepdim=True)}, r["inputs"])  # overflow
-    K.rejects("ex01_softmax", {"weights": s.softmax(-1)}, r["inputs"])
+    R.rejects("ex01_softmax", {"weights": s.softmax(-2), "large": big.softmax(-1)}, r["inputs"])  # wrong axis
+    R.rejects("ex01_softmax", {"weights": s.softmax(-1), "large": big.exp() / big.exp().sum(-1, keepdim=True)}, r["inputs"])  # overflow
+    R.rejects("ex01_softmax", {"weights": s.softmax(-1)}, r["inputs"])
     r = rec["ex01_attention"]
     out, w = r["value"]["out"], r["value"]["weights"]
-    K.rejects("ex01_attention", {"out": out * 1.01, "weights": w}, r["inputs"])
-    K.rejects("ex01_attention", {"out": out, "weights": w.flip(-1)}, r["inputs"])
+    R.rejects("ex01_attention", {"out": out * 1.01, "weights": w}, r["inputs"])
+    R.rejects("ex01_attention", {"out": out, "weights": w.flip(-1)}, r["inputs"])
 
 
 def test_ex02_judges_reject_wrong_answers(reference_runs):
     _, rec = reference_runs["ex02"]
     r = rec["ex02_mask"]
-    K.rejects("ex02_mask", ~r["value"], r["inputs"])  # inverted convention
-    K.rejects("ex02_mask", r["value"][:, 0, 0, :], r["inputs"])  # [B, T] instead of [B, 1, 1, T]
-    K.rejects("ex02_mask", r["value"].float(), r["inputs"])  # not bool
+    R.rejects("ex02_mask", ~r["value"], r["inputs"])  # inverted convention
+    R.rejects("ex02_mask", r["value"][:, 0, 0, :], r["inputs"])  # [B, T] instead of [B, 1, 1, T]
+    R.rejects("ex02_mask", r["value"].float(), r["inputs"])  # not bool
     r = rec["ex02_masked_softmax"]
     s, m = r["inputs"]["scores"], r["inputs"]["mask"]
-    K.rejects("ex02_masked_softmax", s.softmax(-1) * m, r["inputs"])  # Pitfall.MASK: after the softmax
-    K.rejects("ex02_masked_softmax", s.masked_fill(~m, -1e4).softmax(-1) + 1e-6 * (~m), r["inputs"])  # not exactly zero
-    K.rejects("ex02_masked_softmax", s.masked_fill(m, float("-inf")).softmax(-1).nan_to_num(), r["inputs"])  # inverted
+    R.rejects("ex02_masked_softmax", s.softmax(-1) * m, r["inputs"])  # Pitfall.MASK: after the softmax
+    R.rejects("ex02_masked_softmax", s.masked_fill(~m, -1e4).softmax(-1) + 1e-6 * (~m), r["inputs"])  # not exactly zero
+    R.rejects("ex02_masked_softmax", s.masked_fill(m, float("-inf")).softmax(-1).nan_to_num(), r["inputs"])  # inverted
     r = rec["ex02_renormalise"]
-    K.rejects("ex02_renormalise", r["inputs"]["weights"] * r["inputs"]["mask"], r["inputs"])  # not rescaled
+    R.rejects("ex02_renormalise", r["inputs"]["weights"] * r["inputs"]["mask"], r["inputs"])  # not rescaled
     r = rec["ex02_attention"]
     inp = r["inputs"]
-    K.rejects("ex02_attention", {"masked": r["value"]["unmasked"], "unmasked": r["value"]["unmasked"]}, inp)  # mask ignored
-    K.rejects("ex02_attention", {"masked": r["value"]["masked"]}, inp)
+    R.rejects("ex02_attention", {"masked": r["value"]["unmasked"], "unmasked": r["value"]["unmasked"]}, inp)  # mask ignored
+    R.rejects("ex02_attention", {"masked": r["value"]["masked"]}, inp)
 
 
 def test_ex03_judges_reject_wrong_answers(reference_runs):
     _, rec = reference_runs["ex03"]
     r = rec["ex03_param_count"]
-    K.rejects("ex03_param_count", [4 * d * d + (0 if b else 4 * d) for d, _, b in r["inputs"]["cases"]], r["inputs"])  # bias flipped
-    K.rejects("ex03_param_count", [n // h for n, (_, h, _) in zip(r["value"], r["inputs"]["cases"])] if any(
+    R.rejects("ex03_param_count", [4 * d * d + (0 if b else 4 * d) for d, _, b in r["inputs"]["cases"]], r["inputs"])  # bias flipped
+    R.rejects("ex03_param_count", [n // h for n, (_, h, _) in zip(r["value"], r["inputs"]["cases"])] if any(
         h > 1 for _, h, _ in r["inputs"]["cases"]) else [n + 1 for n in r["value"]], r["inputs"])
-    K.rejects("ex03_param_count", [float(n) for n in r["value"]], r["inputs"])
+    R.rejects("ex03_param_count", [float(n) for n in r["value"]], r["inputs"])
     r = rec["ex03_timing"]
-    K.rejects("ex03_timing", {**r["value"], "cold_s": 0.3}, r["inputs"])  # cold call included
-    K.rejects("ex03_timing", {**r["value"], "steady_s": r["value"]["steady_s"] * 1000}, r["inputs"])  # milliseconds
-    K.rejects("ex03_timing", {**r["value"], "calls": 1}, r["inputs"])
-    K.rejects("ex03_timing", {**r["value"], "steady_s": float("nan")}, r["inputs"])
+    R.rejects("ex03_timing", {**r["value"], "cold_s": 0.3}, r["inputs"])  # cold call included
+    R.rejects("ex03_timing", {**r["value"], "steady_s": r["value"]["steady_s"] * 1000}, r["inputs"])  # milliseconds
+    R.rejects("ex03_timing", {**r["value"], "calls": 1}, r["inputs"])
+    R.rejects("ex03_timing", {**r["value"], "steady_s": float("nan")}, r["inputs"])
     r = rec["ex03_head_maps"]
-    K.rejects("ex03_head_maps", r["value"].transpose(-2, -1), r["inputs"])
-    K.rejects("ex03_head_maps", r["value"][:, :1], r["inputs"])
+    R.rejects("ex03_head_maps", r["value"].transpose(-2, -1), r["inputs"])
+    R.rejects("ex03_head_maps", r["value"][:, :1], r["inputs"])
     r = rec["ex03_results"]
     bad = {h: dict(v) for h, v in r["value"].items()}
     bad["2"]["params"] += 16
-    K.rejects("ex03_results", bad, r["inputs"])
+    R.rejects("ex03_results", bad, r["inputs"])
     bad = {h: dict(v) for h, v in r["value"].items()}
     bad["4"]["weights"] = bad["4"]["weights"][:, :1]
-    K.rejects("ex03_results", bad, r["inputs"])
+    R.rejects("ex03_results", bad, r["inputs"])
     assert r["inputs"]["maps_sum_to_one"] is True
     columns = {h: {**v, "weights": v["weights"].transpose(-2, -1).contiguous()} for h, v in r["value"].items()}  # softmax over queries
-    assert "rows must sum to one" in K.rejects("ex03_results", columns, r["inputs"])
+    assert "rows must sum to one" in R.rejects("ex03_results", columns, r["inputs"])
     ok, msg = judges.run_judge("ex03_results", columns, {**r["inputs"], "maps_sum_to_one": False})
     assert ok, f"a wrong per_head_weights costs Task 3c only, not the experiment: {msg}"
 
@@ -245,26 +245,26 @@ def test_ex04_judges_reject_wrong_answers(reference_runs):
     _, rec = reference_runs["ex04"]
     pre, post = rec["ex04_pre_block"], rec["ex04_post_block"]
     other = ex04.reference_block_output(**{**pre["inputs"], "norm": "post"})
-    K.rejects("ex04_pre_block", other, pre["inputs"])  # the other layout
-    K.rejects("ex04_pre_block", pre["value"], {**pre["inputs"], "norm": "post"})  # record for the wrong layout
+    R.rejects("ex04_pre_block", other, pre["inputs"])  # the other layout
+    R.rejects("ex04_pre_block", pre["value"], {**pre["inputs"], "norm": "post"})  # record for the wrong layout
     other = ex04.reference_block_output(**{**post["inputs"], "norm": "pre"})
-    K.rejects("ex04_post_block", other, post["inputs"])
-    msg = K.rejects("ex04_post_block", post["value"] + 1e-3, post["inputs"])
+    R.rejects("ex04_post_block", other, post["inputs"])
+    msg = R.rejects("ex04_post_block", post["value"] + 1e-3, post["inputs"])
     x_shape = list(post["inputs"]["x"].shape)
     assert f"PostNormBlock(x) differs from tinytf.TransformerBlock(norm='post') with the same weights: for x {x_shape}" in msg and \
             f"should be {list(post['value'].shape)} starting [" in msg, msg
     r = rec["ex04_train"]
     second = {"loss": [v * 1.01 for v in r["value"]["second"]["loss"]], "grad_norm": r["value"]["second"]["grad_norm"]}
-    K.rejects("ex04_train", {"first": r["value"]["first"], "second": second}, r["inputs"])  # not reproducible
-    K.rejects("ex04_train", r["value"], {**r["inputs"], "factory_calls": 2})  # factory ignored
+    R.rejects("ex04_train", {"first": r["value"]["first"], "second": second}, r["inputs"])  # not reproducible
+    R.rejects("ex04_train", r["value"], {**r["inputs"], "factory_calls": 2})  # factory ignored
     short = {k: {kk: vv[:-1] for kk, vv in v.items()} for k, v in r["value"].items()}
-    K.rejects("ex04_train", short, r["inputs"])
+    R.rejects("ex04_train", short, r["inputs"])
     r = rec["ex04_comparison"]
     value = dict(r["value"])
     value.pop(sorted(value)[0])
-    K.rejects("ex04_comparison", value, r["inputs"])
+    R.rejects("ex04_comparison", value, r["inputs"])
     nan = {k: {"loss": [float("nan")] * len(v["loss"]), "grad_norm": v["grad_norm"]} for k, v in r["value"].items()}
-    K.rejects("ex04_comparison", nan, r["inputs"])
+    R.rejects("ex04_comparison", nan, r["inputs"])
 
 
 # ---- diagnose: silent on the reference, names the pitfall on buggy code ----------------------------

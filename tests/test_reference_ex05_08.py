@@ -12,7 +12,7 @@ import copy
 import math
 from pathlib import Path
 
-import _coursekit as K
+import _runner as R
 import nbformat
 import pytest
 import torch
@@ -31,12 +31,12 @@ NOTEBOOKS = {
 
 
 def _cells(ex: str) -> dict[str, nbformat.NotebookNode]:
-    return K.instructor_cells(NOTEBOOKS[ex])
+    return R.instructor_cells(NOTEBOOKS[ex])
 
 
 def _namespace(ex: str, *grade_ids: str) -> dict:
     """Execute the named cells of the instructor notebook (setup first) in a fresh namespace."""
-    return K.run_cells(_cells(ex), (f"{ex}_setup", *grade_ids))
+    return R.run_cells(_cells(ex), (f"{ex}_setup", *grade_ids))
 
 
 def _pitfalls(findings) -> list[Pitfall]:
@@ -55,10 +55,10 @@ def test_every_grade_cell_has_a_judge_and_records_once(ex):
     for cell in tests:
         gid = cell.metadata["nbgrader"]["grade_id"]
         assert gid.startswith(f"{ex}_") and gid in JUDGES, gid
-        hidden = K.hidden_part(cell)
+        hidden = R.hidden_part(cell)
         assert hidden.count("record(") == 1 and f'record("{gid}"' in hidden, gid
         assert "_g" in hidden and ".seed()" in hidden, f"{gid}: hidden inputs must be fresh random"
-    points = sum(K.graded_points(cells).values())
+    points = sum(R.graded_points(cells).values())
     assert 10 <= points <= 20
 
 
@@ -84,31 +84,31 @@ def ex05_ns():
 
 
 def test_ex05_solution_passes_its_judges_and_wrong_answers_fail(ex05_ns, tmp_path):
-    recs = K.record_tests(dict(ex05_ns), _cells("ex05"), EX05_TESTS, tmp_path)
+    recs = R.record_tests(dict(ex05_ns), _cells("ex05"), EX05_TESTS, tmp_path)
     for gid, rec in recs.items():
-        K.accepts(gid, rec["value"], rec["inputs"])
+        R.accepts(gid, rec["value"], rec["inputs"])
 
     inp = recs["ex05_attention"]["inputs"]
     q, k, v, mask = inp["q"], inp["k"], inp["v"], inp["mask"]
     unscaled = {"plain": tinytf.scaled_dot_product_attention(q, k, v, scale=1.0),
                 "masked": tinytf.scaled_dot_product_attention(q, k, v, mask, scale=1.0)}
-    K.rejects("ex05_attention", unscaled, inp)
+    R.rejects("ex05_attention", unscaled, inp)
     ignores_mask = {"plain": tinytf.scaled_dot_product_attention(q, k, v), "masked": tinytf.scaled_dot_product_attention(q, k, v)}
     if not bool(mask.all()):
-        K.rejects("ex05_attention", ignores_mask, inp)
+        R.rejects("ex05_attention", ignores_mask, inp)
 
     inp = recs["ex05_cross"]["inputs"]
     good = recs["ex05_cross"]["value"]
-    K.rejects("ex05_cross", {"plain": good["plain"], "masked": good["plain"] + 1e-2}, inp)
-    K.rejects("ex05_cross", {"plain": torch.cat([good["plain"], good["plain"]], dim=1), "masked": good["masked"]}, inp)  # wrong Tq
+    R.rejects("ex05_cross", {"plain": good["plain"], "masked": good["plain"] + 1e-2}, inp)
+    R.rejects("ex05_cross", {"plain": torch.cat([good["plain"], good["plain"]], dim=1), "masked": good["masked"]}, inp)  # wrong Tq
 
     inp, value = recs["ex05_encdec"]["inputs"], recs["ex05_encdec"]["value"]
     blind = copy.deepcopy(value)
     blind["leaky"]["padding_leak"] = 0.0  # a probe that never notices the leak
-    K.rejects("ex05_encdec", blind, inp)
+    R.rejects("ex05_encdec", blind, inp)
     noisy = copy.deepcopy(value)
     noisy["good"]["padding_leak"] = noisy["good"]["encoder_effect"]  # a probe that changes the real positions too
-    K.rejects("ex05_encdec", noisy, inp)
+    R.rejects("ex05_encdec", noisy, inp)
 
 
 def test_ex05_diagnose_silent_on_solution_and_names_pitfalls(ex05_ns):
@@ -169,33 +169,33 @@ def ex06_ns():
 
 
 def test_ex06_solution_passes_its_judges_and_wrong_answers_fail(ex06_ns, tmp_path):
-    recs = K.record_tests(dict(ex06_ns), _cells("ex06"), ("ex06_saved", "ex06_bench"), tmp_path)
+    recs = R.record_tests(dict(ex06_ns), _cells("ex06"), ("ex06_saved", "ex06_bench"), tmp_path)
     for gid, rec in recs.items():
-        K.accepts(gid, rec["value"], rec["inputs"])
+        R.accepts(gid, rec["value"], rec["inputs"])
 
     inp, value = recs["ex06_saved"]["inputs"], recs["ex06_saved"]["value"]
-    K.rejects("ex06_saved", {**value, "exp": value["exp"] // 4}, inp)  # elements, not bytes
-    K.rejects("ex06_saved", {**value, "explicit": value["explicit"] + 4}, inp)
-    K.rejects("ex06_saved", {**value, "sdpa": float(value["sdpa"])}, inp)  # not an int
+    R.rejects("ex06_saved", {**value, "exp": value["exp"] // 4}, inp)  # elements, not bytes
+    R.rejects("ex06_saved", {**value, "explicit": value["explicit"] + 4}, inp)
+    R.rejects("ex06_saved", {**value, "sdpa": float(value["sdpa"])}, inp)  # not an int
 
     inp, value = recs["ex06_bench"]["inputs"], recs["ex06_bench"]["value"]
     flat = copy.deepcopy(value)
     for t in ("512", "1024"):
         flat["main"]["explicit"][t]["saved_bytes"] = flat["main"]["explicit"]["256"]["saved_bytes"]
-    assert "4x" in K.rejects("ex06_bench", flat, inp)
+    assert "4x" in R.rejects("ex06_bench", flat, inp)
     no_conditions = copy.deepcopy(value)
     del no_conditions["main"]["conditions"]["dtype"]
-    K.rejects("ex06_bench", no_conditions, inp)
+    R.rejects("ex06_bench", no_conditions, inp)
     wrong_fresh = copy.deepcopy(value)
     t0 = str(inp["ts"][0])
     wrong_fresh["fresh"]["explicit"][t0]["saved_bytes"] += 1
-    K.rejects("ex06_bench", wrong_fresh, inp)
+    R.rejects("ex06_bench", wrong_fresh, inp)
     negative = copy.deepcopy(value)
     negative["main"]["sdpa"]["512"]["tokens_per_s"] = float("nan")
-    K.rejects("ex06_bench", negative, inp)
+    R.rejects("ex06_bench", negative, inp)
     missing_t = copy.deepcopy(value)
     del missing_t["main"]["sdpa"]["1024"]
-    K.rejects("ex06_bench", missing_t, inp)
+    R.rejects("ex06_bench", missing_t, inp)
 
 
 def test_ex06_diagnose(ex06_ns):
@@ -243,26 +243,26 @@ def ex07_ns():
 
 
 def test_ex07_solution_passes_its_judges_and_wrong_answers_fail(ex07_ns, tmp_path):
-    recs = K.record_tests(dict(ex07_ns), _cells("ex07"), EX07_TESTS, tmp_path)
+    recs = R.record_tests(dict(ex07_ns), _cells("ex07"), EX07_TESTS, tmp_path)
     for gid, rec in recs.items():
-        K.accepts(gid, rec["value"], rec["inputs"])
+        R.accepts(gid, rec["value"], rec["inputs"])
 
     inp, value = recs["ex07_cache"]["inputs"], recs["ex07_cache"]["value"]
     only_new = {"returned": [{"k": w["k"], "v": w["v"]} for w in inp["writes"]], "lengths": value["lengths"]}
     if any(r["k"].shape != w["k"].shape for r, w in zip(value["returned"], inp["writes"])):
-        K.rejects("ex07_cache", only_new, inp)
-    K.rejects("ex07_cache", {**value, "lengths": [n + 1 for n in value["lengths"]]}, inp)
+        R.rejects("ex07_cache", only_new, inp)
+    R.rejects("ex07_cache", {**value, "lengths": [n + 1 for n in value["lengths"]]}, inp)
 
     inp = recs["ex07_step"]["inputs"]
     attn = ex07._attn(inp["x"], inp["heads"], inp["qkv_weight"], inp["qkv_bias"], inp["proj_weight"], inp["proj_bias"])
     with torch.no_grad():
         q, k, v = attn.project(inp["x"])
         no_mask = attn.proj(attn.merge_heads(tinytf.scaled_dot_product_attention(q, k, v)))  # a prefill that sees the future
-    K.rejects("ex07_step", no_mask, inp)
+    R.rejects("ex07_step", no_mask, inp)
 
     inp, value = recs["ex07_generate"]["inputs"], recs["ex07_generate"]["value"]
-    K.rejects("ex07_generate", {**value, "logits": value["logits"] + 1e-2}, inp)
-    K.rejects("ex07_generate", {**value, "ids_recompute": value["ids_recompute"][:, :-1]}, inp)
+    R.rejects("ex07_generate", {**value, "logits": value["logits"] + 1e-2}, inp)
+    R.rejects("ex07_generate", {**value, "ids_recompute": value["ids_recompute"][:, :-1]}, inp)
 
 
 def test_ex07_diagnose(ex07_ns):
@@ -328,32 +328,32 @@ def ex08_ns():
 
 
 def test_ex08_small_parts_pass_their_judges_and_wrong_answers_fail(ex08_ns, tmp_path):
-    recs = K.record_tests(dict(ex08_ns), _cells("ex08"), ("ex08_vocab", "ex08_batch", "ex08_loss", "ex08_lr"), tmp_path)
+    recs = R.record_tests(dict(ex08_ns), _cells("ex08"), ("ex08_vocab", "ex08_batch", "ex08_loss", "ex08_lr"), tmp_path)
     for gid, rec in recs.items():
-        K.accepts(gid, rec["value"], rec["inputs"])
+        R.accepts(gid, rec["value"], rec["inputs"])
 
     inp, value = recs["ex08_vocab"]["inputs"], recs["ex08_vocab"]["value"]
-    K.rejects("ex08_vocab", {**value, "itos": list(dict.fromkeys(inp["text"]))} if list(dict.fromkeys(inp["text"])) != value["itos"]
+    R.rejects("ex08_vocab", {**value, "itos": list(dict.fromkeys(inp["text"]))} if list(dict.fromkeys(inp["text"])) != value["itos"]
              else {**value, "decoded": value["decoded"][::-1] + "x"}, inp)
-    K.rejects("ex08_vocab", {**value, "ids": value["ids"].float()}, inp)
+    R.rejects("ex08_vocab", {**value, "ids": value["ids"].float()}, inp)
 
     inp, value = recs["ex08_batch"]["inputs"], recs["ex08_batch"]["value"]
     shuffled = value.clone()
     shuffled[0] = value[0].flip(0) + 1000  # not a window of the data (data values are < 1000)
-    K.rejects("ex08_batch", shuffled, inp)
+    R.rejects("ex08_batch", shuffled, inp)
 
     inp = recs["ex08_loss"]["inputs"]
     lg, ids, pids = inp["logits"], inp["ids"], inp["padded_ids"]
     ce = torch.nn.functional.cross_entropy
     unshifted = {"plain": ce(lg.reshape(-1, lg.size(-1)), ids.reshape(-1)), "padded": ce(lg.reshape(-1, lg.size(-1)), pids.reshape(-1))}
-    K.rejects("ex08_loss", unshifted, inp)
+    R.rejects("ex08_loss", unshifted, inp)
     pad_counted = {"plain": tinytf.lm_loss(lg, ids), "padded": tinytf.lm_loss(lg, pids)}
     if bool((pids[:, 1:] == 0).any()):
-        K.rejects("ex08_loss", pad_counted, inp)
+        R.rejects("ex08_loss", pad_counted, inp)
 
     inp, value = recs["ex08_lr"]["inputs"], recs["ex08_lr"]["value"]
-    K.rejects("ex08_lr", [value[0] * 0] + value[1:], inp)
-    K.rejects("ex08_lr", value[:-1], inp)
+    R.rejects("ex08_lr", [value[0] * 0] + value[1:], inp)
+    R.rejects("ex08_lr", value[:-1], inp)
 
 
 def _periodic_run(ns, steps=60):
@@ -374,20 +374,20 @@ def test_ex08_train_judge_accepts_a_real_run_and_rejects_inconsistent_reports(ex
               "fresh_config": model.config.to_dict(), "fresh_schedule": schedule, "fresh_state_dict": dict(model.state_dict()),
               "fresh_val_data": val}
     value = {"main": rep, "fresh": copy.deepcopy(rep)}
-    K.accepts("ex08_train", value, inputs)
+    R.accepts("ex08_train", value, inputs)
 
-    assert "val_loss" in K.rejects("ex08_train", {**value, "main": {**rep, "val_loss": rep["val_loss"] - 0.5}}, inputs)
+    assert "val_loss" in R.rejects("ex08_train", {**value, "main": {**rep, "val_loss": rep["val_loss"] - 0.5}}, inputs)
     lrs = list(rep["lrs"])
     lrs[0] = schedule["max_lr"]  # no warm-up
-    assert "schedule" in K.rejects("ex08_train", {**value, "fresh": {**rep, "lrs": lrs}}, inputs)
-    assert "peak" in K.rejects("ex08_train", {**value, "main": {**rep, "peak_memory_bytes": rep["peak_memory_bytes"] + 1}}, inputs)
-    K.rejects("ex08_train", {**value, "main": {**rep, "tokens_per_s": float("inf")}}, inputs)
+    assert "schedule" in R.rejects("ex08_train", {**value, "fresh": {**rep, "lrs": lrs}}, inputs)
+    assert "peak" in R.rejects("ex08_train", {**value, "main": {**rep, "peak_memory_bytes": rep["peak_memory_bytes"] + 1}}, inputs)
+    R.rejects("ex08_train", {**value, "main": {**rep, "tokens_per_s": float("inf")}}, inputs)
 
     untrained = tinytf.TinyLanguageModel(vocab=4, dim=16, heads=2, layers=1, max_tokens=12)
     bad_inputs = {**inputs, "state_dict": dict(untrained.state_dict())}
     rep_u = {**rep, "val_loss": ex08.reference_evaluate(untrained, val, 12)}
     rep_u["memory"] = dict(rep["memory"])
-    assert "below log(vocab)" in K.rejects("ex08_train", {**value, "main": rep_u}, bad_inputs)
+    assert "below log(vocab)" in R.rejects("ex08_train", {**value, "main": rep_u}, bad_inputs)
 
 
 def test_ex08_checkpoint_judge(ex08_ns, tmp_path):
@@ -402,14 +402,14 @@ def test_ex08_checkpoint_judge(ex08_ns, tmp_path):
     with torch.no_grad():
         value = {"logits": restored(ids), "keys": sorted(raw), "step": raw["step"], "training": bool(restored.training)}
     inputs = {"ids": ids, "config": model.config.to_dict(), "state_dict": dict(model.state_dict())}
-    K.accepts("ex08_ckpt", value, inputs)
-    K.rejects("ex08_ckpt", {**value, "training": True}, inputs)
-    K.rejects("ex08_ckpt", {**value, "keys": ["config", "model", "step"]}, inputs)
-    K.rejects("ex08_ckpt", {**value, "step": None}, inputs)
-    K.rejects("ex08_ckpt", {**value, "logits": value["logits"] + 1e-3}, inputs)
+    R.accepts("ex08_ckpt", value, inputs)
+    R.rejects("ex08_ckpt", {**value, "training": True}, inputs)
+    R.rejects("ex08_ckpt", {**value, "keys": ["config", "model", "step"]}, inputs)
+    R.rejects("ex08_ckpt", {**value, "step": None}, inputs)
+    R.rejects("ex08_ckpt", {**value, "logits": value["logits"] + 1e-3}, inputs)
     fresh = tinytf.TinyLanguageModel(vocab=9, dim=8, heads=2, layers=1, max_tokens=6).eval()
     with torch.no_grad():
-        K.rejects("ex08_ckpt", {**value, "logits": fresh(ids)}, inputs)  # a model that was not restored
+        R.rejects("ex08_ckpt", {**value, "logits": fresh(ids)}, inputs)  # a model that was not restored
 
 
 def test_ex08_diagnose(ex08_ns):
@@ -474,15 +474,15 @@ def test_ex08_train_is_judged_on_tinytfs_parts_when_an_earlier_part_is_wrong(ex0
 
     cells = _cells("ex08")
     source = cells["ex08_train_code"].source
-    ns = K.run_cells(cells, ["ex08_train_code"], {**ex08_ns, "next_char_loss": unshifted})  # train's globals: the wrong loss
+    ns = R.run_cells(cells, ["ex08_train_code"], {**ex08_ns, "next_char_loss": unshifted})  # train's globals: the wrong loss
     value, inputs = ex08_probes.PROBES["ex08_train"](ns, torch.Generator().manual_seed(0))
-    K.accepts("ex08_train", value, inputs)
+    R.accepts("ex08_train", value, inputs)
     assert ns["next_char_loss"] is unshifted, "the student's function is back after the probe"
     findings = ex08.diagnose(ns)
     assert Pitfall.UNSHIFTED_TARGETS in _pitfalls(findings) and not [f for f in findings if "ex08_train" in f.title]
 
     assert source.count("scheduler.step()") == 1
-    K.run_cells(cells, ["ex08_train_code"], ns, sources={"ex08_train_code": source.replace("scheduler.step()", "pass")})  # no schedule
+    R.run_cells(cells, ["ex08_train_code"], ns, sources={"ex08_train_code": source.replace("scheduler.step()", "pass")})  # no schedule
     [train] = [f for f in ex08.diagnose(ns) if f.title.startswith("ex08_train")]
     assert "the learning rate at step" in train.message, train.message
     assert "train was judged with tinytf's `next_char_loss`, because yours above is wrong" in train.message, train.message
