@@ -88,9 +88,11 @@ def diagnose_online_softmax(fn: Callable) -> list[Finding]:
                       "when a row's first tile is all -inf its maximum is still -inf, and exp(-inf - -inf) is NaN; "
                       "the rows then stay NaN (scores [2, 4, 9] with keys 0-2 masked, row 1 masked everywhere).")]
     if not ok["masked"]:
-        return [Finding(Pitfall.MASK, "a masked tile changes the result",
-                        "a score of -inf must get the weight exp(-inf) = 0, and a row that saw only masked keys keeps l = 0, "
-                        "acc = 0 (scores [2, 4, 9] with keys 0-2 masked).")]
+        return [found(Pitfall.MASK, "a masked tile changes the result",
+                      "a score of -inf must get the weight exp(-inf) = 0 (scores [2, 4, 9] with keys 0-2 masked).",
+                      fix="p = exp(s - m_new) with the -inf scores kept as they are, so masked keys add 0 to l and acc; a row "
+                          "that saw only masked keys keeps l = 0, acc = 0",
+                      fix_zh="p = exp(s - m_new)，-inf 分数保持不变，这样被屏蔽的键对 l 和 acc 的贡献为 0；只见过被屏蔽键的行保持 l = 0、acc = 0")]
     return []
 
 
@@ -192,7 +194,9 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
             return [crash_finding(f"tiled attention with a mask {list(p.mask.shape)}", exc, Pitfall.MASK,
                            "fn(q, k, v, mask, block_q=..., block_k=...) takes a bool mask broadcastable to [B, H, Tq, Tk].")]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
-            return [Finding(Pitfall.ORIENTATION, "wrong output shape with a mask", f"got {_shape(out)} {p.where()}.")]
+            return [found(Pitfall.ORIENTATION, "wrong output shape with a mask", f"expected {list(reference(p).shape)}, got {_shape(out)} "
+                          f"{p.where()}.", fix="the mask broadcasts over the scores [B, H, Tq, Tk]: slice it per tile, mask[..., q0:q1, k0:k1], "
+                          "and keep out [B, H, Tq, dv]", fix_zh="掩码按分数 [B, H, Tq, Tk] 广播：逐块切片 mask[..., q0:q1, k0:k1]，输出保持 [B, H, Tq, dv]")]
         if not torch.isfinite(out).all():
             why = ("its first key tile is entirely masked, so m is still -inf and exp(-inf - -inf) = NaN"
                    if p.kind == "left padding" else "a row that may see nothing ends with l = 0 and acc / l = 0 / 0")
@@ -200,8 +204,9 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
         if not is_close(out, reference(p)):
             empty = p.kind == "empty rows" and not is_close(out[..., ::3, :], torch.zeros_like(out[..., ::3, :]))
             what = "rows that may see nothing must be zeros" if empty else "masked keys must get exactly zero weight"
-            return [found(Pitfall.MASK, "masked tiled attention differs from the reference",
-                          f"{what}: mask each tile's scores with -inf before the update.", where=f"Seen {p.where()}.")]
+            return [found(Pitfall.MASK, "masked tiled attention differs from the reference", f"{what}.", where=f"Seen {p.where()}.",
+                          fix="mask each tile's scores with -inf before the update: s.masked_fill(~mask[..., q0:q1, k0:k1], -inf)",
+                          fix_zh="在更新之前用 -inf 屏蔽每个块的分数：s.masked_fill(~mask[..., q0:q1, k0:k1], -inf)")]
     return []
 
 
@@ -216,7 +221,9 @@ def _memory(fn: Callable, gen: torch.Generator) -> list[Finding]:
         return [found(Pitfall.EXPLICIT_IN_PRODUCTION, "the tiled forward holds the whole score matrix",
                       f"its measured peak is {meter.peak} bytes for q, k, v [{b}, {h}, {t}, {d}] with {block} × {block} tiles, "
                       f"{meter.peak / scores:.2f}× one [B, H, T, T] float32 score matrix ({scores} bytes); a tile is "
-                      f"{b * h * block * block * 4} bytes. Compute q_i @ k_jᵀ per tile, never q @ kᵀ.")]
+                      f"{b * h * block * block * 4} bytes.",
+                      fix="compute the scores q_i @ k_jᵀ per tile inside the loop, never q @ kᵀ for the whole sequence",
+                      fix_zh="在循环里逐块计算分数 q_i @ k_jᵀ，不要对整个序列计算 q @ kᵀ")]
     return []
 
 
@@ -236,8 +243,9 @@ def diagnose_tiled_attention(fn: Callable) -> list[Finding]:
             hint = "" if multiple else "Tq or Tk is not a multiple of the block: the last tile is smaller (slice to min(k0 + block_k, Tk))."
             return [crash_finding(f"tiled attention {p.where()}", exc, Pitfall.GENERAL, hint)]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
-            return [Finding(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(reference(p).shape)} = [B, H, Tq, dv], "
-                                                                          f"got {_shape(out)} {p.where()}.")]
+            return [found(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(reference(p).shape)} = [B, H, Tq, dv], "
+                          f"got {_shape(out)} {p.where()}.", fix="write each query tile's acc / l into out[..., q0:q1, :], out of shape "
+                          "[B, H, Tq, dv]", fix_zh="把每个查询块的 acc / l 写入 out[..., q0:q1, :]，out 的形状为 [B, H, Tq, dv]")]
         ran.append((p, out))
     findings = _name_unmasked(fn, ran) or _name_masked(fn, gen)
     if findings:

@@ -48,7 +48,8 @@ def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
         i, j = (int(x) for x in (reads & ~allowed).nonzero()[0])
         return found(Pitfall.CAUSAL_OFF_BY_ONE, "a query reads a future key",
                      f"query {i} reads key {j} > {offset + i}: the mask inside the diagonal tiles lets the future leak.",
-                     where=f"Seen {where}.")
+                     where=f"Seen {where}.", fix="inside a diagonal tile block key j of query i when j > Tk - Tq + i (END-aligned), "
+                     "not when j > i", fix_zh="在对角线块内，当 j > Tk - Tq + i 时屏蔽查询 i 的键 j（末尾对齐），而不是 j > i 时")
     own = reads[torch.arange(tq), torch.arange(tq) + offset]
     if own.all():
         return None
@@ -59,7 +60,9 @@ def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
     if start < offset + i and reads[i, start:offset + i].all():
         return found(Pitfall.CAUSAL_OFF_BY_ONE, "a query does not read its own key",
                      f"query {i} reads keys {start}..{offset + i - 1} of its diagonal tile but not key {offset + i} itself: the "
-                     "causal mask inside the tile is off by one (query i may read key j when j <= Tk - Tq + i).", where=f"Seen {where}.")
+                     "causal mask inside the tile is off by one.", where=f"Seen {where}.",
+                     fix="let query i read key j when j <= Tk - Tq + i (its own key included): keep j <= offset + i, not j < offset + i",
+                     fix_zh="当 j <= Tk - Tq + i 时允许查询 i 读取键 j（包括它自己的键）：保留 j <= offset + i，而不是 j < offset + i")
     return found(Pitfall.DIAGONAL_TILE_SKIPPED, "the diagonal tile is skipped",
                  f"query {i} reads none of keys {start}..{offset + i} — the key tile that holds its own key was never "
                  f"computed{' (row 0 has nothing to attend to)' if not reads[0].any() else ''}. Only key blocks that start at "

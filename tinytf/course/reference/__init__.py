@@ -131,4 +131,10 @@ def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed:
 def with_cause(findings: list[Finding], grade_id: str, cause: str) -> list[Finding]:
     """``findings`` (from :func:`judge_findings`) with ``cause`` added to the message of ``grade_id``'s
     finding: a later task's failure that an earlier task explains says so."""
-    return [Finding(f.pitfall, f.title, f"{f.message} — {cause}") if f.title.startswith(f"{grade_id} ") else f for f in findings]
+    import dataclasses
+
+    def caused(f: Finding) -> Finding:
+        evidence, fix = (f.message.split(" Fix: ", 1) + [""])[:2]
+        return dataclasses.replace(f, message=f"{evidence} — {cause}" + (f" Fix: {fix}" if fix else ""))
+
+    return [caused(f) if f.title.startswith(f"{grade_id} ") else f for f in findings]
