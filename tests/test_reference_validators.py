@@ -10,8 +10,19 @@ import torch
 
 from tinytf.checks import Finding, Pitfall
 from tinytf.course.reference import call_student, check_parts, stub_or, swapped
-from tinytf.course.reference.validators import (bool_mask, close, float_inputs, has_keys, how_off, number, positive, seconds, shape_of,
-                                                shapes, tensor)
+from tinytf.course.reference.validators import (
+    bool_mask,
+    close,
+    float_inputs,
+    has_keys,
+    how_off,
+    number,
+    positive,
+    seconds,
+    shape_of,
+    shapes,
+    tensor,
+)
 
 
 def _message(fn, *args, **kwargs) -> str:
@@ -115,6 +126,6 @@ def test_a_clean_ratio_or_an_off_by_one_is_named():
     assert _message(close, 2 * x, x, "out", suspects={"counted twice": 2.0}).endswith("— exactly twice the right value: counted twice")
     assert "exactly" not in _message(close, x + 1, x, "out")  # no single factor: nothing to name
     assert _message(tensor, x[:1], (2, 3), "out") == "out has shape [1, 3], expected [2, 3] — dim 0 has one less (1) than it should (2)"
-    assert how_off(51200, 102400, suspects={"only the keys are counted": 0.5}) == " — exactly half the right value: only the keys are counted"
+    assert how_off(51200, 102400, suspects={"only the keys": 0.5}) == " — exactly half the right value: only the keys"
     assert how_off(7, 6, step=("tile", 1)) == " — one tile more than the right value (off by one)"
     assert how_off(6, 6) == "" and how_off("6", 5) == "" and how_off(True, 2) == ""

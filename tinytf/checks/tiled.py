@@ -92,7 +92,8 @@ def diagnose_online_softmax(fn: Callable) -> list[Finding]:
                       "a score of -inf must get the weight exp(-inf) = 0 (scores [2, 4, 9] with keys 0-2 masked).",
                       fix="p = exp(s - m_new) with the -inf scores kept as they are, so masked keys add 0 to l and acc; a row "
                           "that saw only masked keys keeps l = 0, acc = 0",
-                      fix_zh="p = exp(s - m_new)，-inf 分数保持不变，这样被屏蔽的键对 l 和 acc 的贡献为 0；只见过被屏蔽键的行保持 l = 0、acc = 0")]
+                      fix_zh="p = exp(s - m_new)，-inf 分数保持不变，这样被屏蔽的键对 l 和 acc 的贡献为 0；"
+                             "只见过被屏蔽键的行保持 l = 0、acc = 0")]
     return []
 
 
@@ -195,8 +196,10 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
                            "fn(q, k, v, mask, block_q=..., block_k=...) takes a bool mask broadcastable to [B, H, Tq, Tk].")]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
             return [found(Pitfall.ORIENTATION, "wrong output shape with a mask", f"expected {list(reference(p).shape)}, got {_shape(out)} "
-                          f"{p.where()}.", fix="the mask broadcasts over the scores [B, H, Tq, Tk]: slice it per tile, mask[..., q0:q1, k0:k1], "
-                          "and keep out [B, H, Tq, dv]", fix_zh="掩码按分数 [B, H, Tq, Tk] 广播：逐块切片 mask[..., q0:q1, k0:k1]，输出保持 [B, H, Tq, dv]")]
+                          f"{p.where()}.",
+                          fix="the mask broadcasts over the scores [B, H, Tq, Tk]: slice it per tile, mask[..., q0:q1, k0:k1], "
+                          "and keep out [B, H, Tq, dv]",
+                            fix_zh="掩码按分数 [B, H, Tq, Tk] 广播：逐块切片 mask[..., q0:q1, k0:k1]，输出保持 [B, H, Tq, dv]")]
         if not torch.isfinite(out).all():
             why = ("its first key tile is entirely masked, so m is still -inf and exp(-inf - -inf) = NaN"
                    if p.kind == "left padding" else "a row that may see nothing ends with l = 0 and acc / l = 0 / 0")

@@ -126,10 +126,12 @@ def _diagnose_masked_softmax(fn: Any) -> list[Finding]:
     expected = reference_masked_softmax(scores, mask)
     if not isinstance(w, torch.Tensor) or w.shape != expected.shape:
         return [found(Pitfall.GENERAL, "masked_softmax returns the wrong shape", f"expected {list(expected.shape)} (the scores' shape), "
-                      f"got {shape_of(w)}.", fix="mask the scores (they broadcast with the mask), then softmax(dim=-1): same shape as the scores",
+                      f"got {shape_of(w)}.",
+                      fix="mask the scores (they broadcast with the mask), then softmax(dim=-1): same shape as the scores",
                       fix_zh="先对分数做掩码（它们与掩码广播），再 softmax(dim=-1)：形状与分数相同")]
     if torch.allclose(w, reference_masked_softmax(scores, ~mask), atol=1e-5):
-        return [found(Pitfall.MASK, "masked_softmax uses the inverted mask", "the weights sit on the padded keys: it blocks where mask is True.",
+        return [found(Pitfall.MASK, "masked_softmax uses the inverted mask",
+                      "the weights sit on the padded keys: it blocks where mask is True.",
                       fix="block where mask is False: scores.masked_fill(~mask, float('-inf'))",
                       fix_zh="在 mask 为 False 处屏蔽：scores.masked_fill(~mask, float('-inf'))")]
     if torch.allclose(w, scores.softmax(-1) * mask, atol=1e-5) or torch.allclose(w, scores.softmax(-1).masked_fill(~mask, 0), atol=1e-5):

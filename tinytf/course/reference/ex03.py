@@ -160,10 +160,12 @@ def _diagnose_count(fn: Any) -> list[Finding]:
                             "bias=True 时，每个 Linear 的每个输出还有一个偏置：再加 3D + D"),
             3 * dim * dim + 3 * dim: ("that is qkv only", "add the output projection proj (D -> D): D·D + D",
                                       "加上输出投影 proj（D -> D）：D·D + D"),
-            4 * dim * dim + 4 * dim: ("those are the bias terms that bias=False leaves out", "with bias=False count the weights only: 4·D·D",
+            4 * dim * dim + 4 * dim: ("those are the bias terms that bias=False leaves out",
+                                      "with bias=False count the weights only: 4·D·D",
                                       "bias=False 时只数权重：4·D·D"),
             (4 * dim * dim + (4 * dim if bias else 0)) // heads: (
-                "the count is divided by the head count", "do not divide by heads: the heads share the D x 3D projection, each uses a slice",
+                "the count is divided by the head count",
+                "do not divide by heads: the heads share the D x 3D projection, each uses a slice",
                 "不要除以头数：各个头共享 D x 3D 的投影，每个头只用其中一片"),
         }
         evidence, fix, fix_zh = hints.get(n, ("", "count qkv: weight [3D, D] + bias [3D], and proj: weight [D, D] + bias [D]",
@@ -245,8 +247,10 @@ def _diagnose_maps(fn: Any) -> list[Finding]:
         if not isinstance(w, torch.Tensor) or tuple(w.shape) != tuple(ref.shape):
             return [found(Pitfall.ORIENTATION, "per_head_weights returns the wrong shape",
                           f"expected [B, H, T, T] = {list(ref.shape)}, got {shape_of(w)}.",
-                          fix="split the heads with view(B, T, H, d_head).transpose(1, 2), then softmax(q @ k.transpose(-2, -1) / sqrt(d_head), dim=-1)",
-                          fix_zh="用 view(B, T, H, d_head).transpose(1, 2) 拆分头，再算 softmax(q @ k.transpose(-2, -1) / sqrt(d_head), dim=-1)")]
+                          fix="split the heads with view(B, T, H, d_head).transpose(1, 2), then "
+                              "softmax(q @ k.transpose(-2, -1) / sqrt(d_head), dim=-1)",
+                          fix_zh="用 view(B, T, H, d_head).transpose(1, 2) 拆分头，再算 "
+                                 "softmax(q @ k.transpose(-2, -1) / sqrt(d_head), dim=-1)")]
         if torch.allclose(w, ref, atol=1e-5):
             return []
         q, k, _ = mha.qkv(x).chunk(3, dim=-1)

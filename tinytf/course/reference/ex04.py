@@ -8,7 +8,6 @@ submodule names as :class:`tinytf.TransformerBlock`), ``train_curve(block_factor
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -139,8 +138,10 @@ def _diagnose_block(name: str, cls: Any, norm: str) -> list[Finding]:
         extra = [k for k in mine if k not in want]
         findings.append(found(Pitfall.GENERAL, f"{name}: parameter names differ from tinytf.TransformerBlock",
                               f"missing {missing or 'none'}, unexpected {extra or 'none'}.",
-                              fix="keep the submodules norm1, attn (tinytf.CausalSelfAttention), norm2, ffn (Sequential(Linear, GELU, Linear))",
-                              fix_zh="保留子模块 norm1、attn（tinytf.CausalSelfAttention）、norm2、ffn（Sequential(Linear, GELU, Linear)）"))
+                              fix="keep the submodules norm1, attn (tinytf.CausalSelfAttention), norm2, "
+                                  "ffn (Sequential(Linear, GELU, Linear))",
+                              fix_zh="保留子模块 norm1、attn（tinytf.CausalSelfAttention）、norm2、"
+                                     "ffn（Sequential(Linear, GELU, Linear)）"))
     if findings:
         return findings
     other = "post" if norm == "pre" else "pre"
@@ -205,7 +206,8 @@ def _diagnose_train(fn: Any) -> list[Finding]:
         _curve(a, 2, "train_curve(...)")
     except AssertionError as err:
         return [found(Pitfall.GENERAL, "train_curve returns the wrong structure", f"{err}.",
-                      fix="return {'loss': [...], 'grad_norm': [...]}, one float per step", fix_zh="返回 {'loss': [...], 'grad_norm': [...]}，每步一个 float")]
+                      fix="return {'loss': [...], 'grad_norm': [...]}, one float per step",
+                      fix_zh="返回 {'loss': [...], 'grad_norm': [...]}，每步一个 float")]
     if not same_curve(a, b):
         return [found(Pitfall.GENERAL, "train_curve is not reproducible", "two runs with the same seed differ.",
                       fix="call torch.manual_seed(seed) before building the model, and draw the batches from "

@@ -101,7 +101,8 @@ def _diagnose_cross(cls: Any) -> list[Finding]:
     names = ("q_proj", "k_proj", "v_proj", "out_proj")
     if not all(isinstance(getattr(cross, n, None), torch.nn.Linear) for n in names):
         return [found(Pitfall.GENERAL, "CrossAttention lost its layers", f"CrossAttention(12, 3) has no nn.Linear {', '.join(names)}.",
-                      fix=f"keep the given __init__: it defines {', '.join(names)}", fix_zh=f"保留给定的 __init__：它定义了 {', '.join(names)}")]
+                      fix=f"keep the given __init__: it defines {', '.join(names)}",
+                      fix_zh=f"保留给定的 __init__：它定义了 {', '.join(names)}")]
     w = mha.qkv.weight.detach().chunk(3)
     bias = mha.qkv.bias.detach().chunk(3)
     with torch.no_grad():
@@ -184,7 +185,8 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
                       fix_zh="先克隆输入再修改：src2 = src.clone()，然后修改 src2")]
     if not isinstance(p_good, dict) or not set(PROBE_KEYS) <= set(p_good):
         return [found(Pitfall.GENERAL, "probe_encoder_decoder returns the wrong thing", f"it returned {type(p_good).__name__}.",
-                      fix="return {'encoder_effect': float, 'padding_leak': float}", fix_zh="返回 {'encoder_effect': float, 'padding_leak': float}")]
+                      fix="return {'encoder_effect': float, 'padding_leak': float}",
+                      fix_zh="返回 {'encoder_effect': float, 'padding_leak': float}")]
     p_leaky, problem = call_student("probe_encoder_decoder", fn, leaky, src, tgt, lengths)
     if problem:
         return [problem]
@@ -197,12 +199,14 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     if not effect > 1e-4:
         findings.append(found(Pitfall.GENERAL, "the probe sees no encoder effect",
                               f"encoder_effect = {effect:.3g} on a correct model, which reads its encoder.",
-                              fix="replace the REAL encoder positions (t < lengths[b]) of a clone of src by new random values and compare the outputs",
+                              fix="replace the REAL encoder positions (t < lengths[b]) of a clone of src by new random values and "
+                                  "compare the outputs",
                               fix_zh="把 src 的克隆中真实的编码器位置（t < lengths[b]）换成新的随机值，再比较输出"))
     if not leak_good < 1e-5:
         findings.append(found(Pitfall.GENERAL, "the probe reports a leak on a correct model",
                               f"padding_leak = {leak_good:.3g} on a model that masks its padding: the probe changes more than the padding.",
-                              fix="change only the PADDED positions (t >= lengths[b]) of a clone of src; keep the real ones exactly as they are",
+                              fix="change only the PADDED positions (t >= lengths[b]) of a clone of src; keep the real ones "
+                                  "exactly as they are",
                               fix_zh="只修改 src 克隆中被填充的位置（t >= lengths[b]）；真实位置保持完全不变"))
     if not leak_bad > 1e-4:
         findings.append(found(Pitfall.GENERAL, "the probe misses a model that ignores padding",
@@ -265,7 +269,8 @@ def _probe_encdec(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[s
     src, tgt = torch.randn(b, tk, dim, generator=gen), torch.randn(b, tq, dim, generator=gen)
     fn = ns["probe_encoder_decoder"]
     after = {"src": src.clone(), "tgt": tgt.clone(), "lengths": lengths.clone()}  # what the probe gets (and may change)
-    value = {"good": fn(good, after["src"], after["tgt"], after["lengths"]), "leaky": fn(leaky, after["src"], after["tgt"], after["lengths"])}
+    given = (after["src"], after["tgt"], after["lengths"])
+    value = {"good": fn(good, *given), "leaky": fn(leaky, *given)}
     return value, {"src": src, "tgt": tgt, "lengths": lengths, "dim": dim, "heads": heads, "after": after}
 
 

@@ -139,11 +139,13 @@ def _diagnose_saved(fn: Any) -> list[Finding]:
         return [problem]
     if not isinstance(n, int) or isinstance(n, bool):
         return [found(Pitfall.GENERAL, "saved_tensor_bytes must return an int", f"got {type(n).__name__}.",
-                      fix="add up the int t.numel() * t.element_size() of each saved tensor", fix_zh="把每个被保存张量的 t.numel() * t.element_size()（整数）加起来")]
+                      fix="add up the int t.numel() * t.element_size() of each saved tensor",
+                      fix_zh="把每个被保存张量的 t.numel() * t.element_size()（整数）加起来")]
     if n == 15:
         return [found(Pitfall.GENERAL, "saved_tensor_bytes counts elements, not bytes",
                       f"x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how_off(n, 60)}.",
-                      fix="multiply t.numel() by t.element_size() (4 for float32)", fix_zh="把 t.numel() 乘以 t.element_size()（float32 为 4）")]
+                      fix="multiply t.numel() by t.element_size() (4 for float32)",
+                      fix_zh="把 t.numel() 乘以 t.element_size()（float32 为 4）")]
     if n != 60:
         return [found(Pitfall.GENERAL, "saved_tensor_bytes counts the wrong bytes",
                       f"x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how_off(n, 60)}.",
@@ -176,10 +178,12 @@ def _diagnose_bench(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     if not isinstance(res.get("conditions"), dict) or not all(key in res["conditions"] for key in CONDITION_KEYS):
         return [found(Pitfall.COLD_TIMING, "benchmark_attention does not record its conditions",
                       "a number without its conditions cannot be compared.",
-                      fix=f"return them under 'conditions': {', '.join(CONDITION_KEYS)}", fix_zh=f"在 'conditions' 中记录：{', '.join(CONDITION_KEYS)}")]
+                      fix=f"return them under 'conditions': {', '.join(CONDITION_KEYS)}",
+                      fix_zh=f"在 'conditions' 中记录：{', '.join(CONDITION_KEYS)}")]
     if rows["explicit"][64]["saved_bytes"] <= rows["explicit"][32]["saved_bytes"]:
         return [found(Pitfall.GENERAL, "saved bytes do not grow with T",
-                      f"explicit saved {rows['explicit'][32]['saved_bytes']} bytes at T=32 and {rows['explicit'][64]['saved_bytes']} at T=64.",
+                      f"explicit saved {rows['explicit'][32]['saved_bytes']} bytes at T=32 and "
+                      f"{rows['explicit'][64]['saved_bytes']} at T=64.",
                       fix="measure each T on its own q, k, v of length T", fix_zh="每个 T 都用它自己长度为 T 的 q、k、v 来测量")]
     return _causal_findings(rows, res["conditions"])
 
@@ -196,7 +200,8 @@ def _causal_findings(rows: dict[str, dict[int, dict[str, float]]], conditions: d
         findings.append(found(Pitfall.MASK, f"benchmark_attention measures {name} {what}",
                               f"benchmark_attention((32, 64), causal=True) records mask={conditions.get('mask')!r}, but {name} at "
                               f"T=64 saved {got:,d} bytes{how_off(got, causal[0])}; with is_causal=True it saves {causal[0]:,d}.",
-                              fix="pass causal on to both paths: fn(q, k, v, causal)", fix_zh="把 causal 传给两条路径：fn(q, k, v, causal)"))
+                              fix="pass causal on to both paths: fn(q, k, v, causal)",
+                              fix_zh="把 causal 传给两条路径：fn(q, k, v, causal)"))
     return findings
 
 

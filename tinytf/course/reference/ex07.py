@@ -65,7 +65,8 @@ def _judge_cache(value: Any, layers: int, writes: list[dict[str, Any]]) -> None:
     lengths = [0 if k is None else k.size(2) for k in k_ref]
     got = list(value["lengths"])
     wrong = next(((i, g, w) for i, (g, w) in enumerate(zip(got, lengths)) if g != w), None)
-    how = f" (layer {wrong[0]}{how_off(wrong[1], wrong[2], step=('token', 1))})" if wrong and how_off(wrong[1], wrong[2], step=("token", 1)) else ""
+    off = how_off(wrong[1], wrong[2], step=("token", 1)) if wrong else ""
+    how = f" (layer {wrong[0]}{off})" if off else ""
     assert got == lengths, f"lengths should be {lengths}, got {value['lengths']}{how}"
 
 
@@ -155,7 +156,8 @@ def _wrong_entries(name: str, got: Any, old: torch.Tensor, new: torch.Tensor) ->
         return found(Pitfall.KV_CACHE, f"update overwrites {name} instead of appending",
                      f"after 3 + 1 tokens the returned {name} should be [1, 2, 4, 4] (old entries, then the new one), got only "
                      f"the new entry {list(got.shape)}.",
-                     fix=f"{name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2)", fix_zh=f"{name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2)")
+                     fix=f"{name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2)",
+                     fix_zh=f"{name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2)")
     cat = f"torch.cat([{name}[layer], {name}_new], dim=2)"
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, torch.cat([new, old], dim=2)):
         return found(Pitfall.KV_CACHE, f"update puts the new {name} before the old ones", "time runs along dim=2, old entries first.",

@@ -233,8 +233,9 @@ def _diagnose_lr(fn: Any) -> list[Finding]:
                       fix="return a number (float), not a tensor or a list", fix_zh="返回一个数（float），而不是张量或列表")]
     return [
         found(Pitfall.GENERAL, "cosine_lr is off the schedule",
-              "max_lr=1, min_lr=0.1, warmup=4, total=20: step " + next(f"{s} gave {float(a)!r}, should be {b!r}"
-                                                                        for s, (a, b) in enumerate(zip(got, ref)) if not abs(float(a) - b) < 1e-9) + ".",
+              "max_lr=1, min_lr=0.1, warmup=4, total=20: step "
+              + next(f"{s} gave {float(a)!r}, should be {b!r}" for s, (a, b) in enumerate(zip(got, ref)) if not abs(float(a) - b) < 1e-9)
+              + ".",
               fix="min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * p)) with p = (step - warmup) / (total - warmup)",
               fix_zh="min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * p))，其中 p = (step - warmup) / (total - warmup)")
     ]
@@ -245,7 +246,6 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
     from pathlib import Path
 
     from tinytf import TinyLanguageModel
-    from tinytf.checks import Finding
 
     torch.manual_seed(21)
     model = TinyLanguageModel(vocab=13, dim=8, heads=2, layers=1, max_tokens=8).eval()
@@ -270,18 +270,21 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
             return [problem]
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.nn.Module)):
         return [found(Pitfall.GENERAL, "load_checkpoint must return (model, checkpoint)", f"it returned {type(res).__name__}.",
-                      fix="return the restored TinyLanguageModel and the tinytf.Checkpoint", fix_zh="返回恢复的 TinyLanguageModel 和 tinytf.Checkpoint")]
+                      fix="return the restored TinyLanguageModel and the tinytf.Checkpoint",
+                      fix_zh="返回恢复的 TinyLanguageModel 和 tinytf.Checkpoint")]
     restored = res[0]
     findings = []
     if restored.training:
         findings.append(found(Pitfall.TRAIN_EVAL, "the restored model is in training mode",
                               "load_checkpoint returned a model with model.training = True: dropout would stay on.",
-                              fix="call model.eval() on the restored model before returning it", fix_zh="在返回之前对恢复的模型调用 model.eval()"))
+                              fix="call model.eval() on the restored model before returning it",
+                              fix_zh="在返回之前对恢复的模型调用 model.eval()"))
     ids = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(22))
     with torch.no_grad():
         if not torch.equal(restored.eval()(ids), model(ids)):
             findings.append(
-                found(Pitfall.GENERAL, "the restored model gives different outputs", "in eval mode its logits differ from the saved model's.",
+                found(Pitfall.GENERAL, "the restored model gives different outputs",
+                      "in eval mode its logits differ from the saved model's.",
                       fix="save model.state_dict() and load it with strict=True", fix_zh="保存 model.state_dict()，并用 strict=True 加载")
             )
     missing = sorted({"config", "model", "optimizer", "scheduler", "step"} - set(raw if isinstance(raw, dict) else ()))
