@@ -108,6 +108,10 @@ def test_the_printed_fix_applied_to_the_case_makes_its_finding_disappear(path, n
     assert wrong, f"{path.stem}: the diagnosis finds nothing in the wrong case"
     for name in case["validate"]["pitfalls"]:
         assert int(Pitfall[name]) in {f["pitfall"] for f in wrong}, f"{path.stem}: must name {name}:\n{text}"
+    for f in wrong:  # a fix line in both editions: the finding's own, or its catalog pitfall's where that fits
+        assert f.get("fix") or f["pitfall"], f"{path.stem}: {f['title']!r} names no pitfall and carries no fix of its own"
+        zh = finding_lines(f, "zh")
+        assert any(line.strip().startswith("修复：") for line in zh), f"{path.stem}: {f['title']!r}: no Chinese fix line"
     fix_lines = [line.strip() for f in wrong for line in finding_lines(f, "en")[1:]]
     assert any(case["fix"] in line for line in fix_lines), f"{path.stem}: the diagnosis must print the fix {case['fix']!r}:\n{text}"
     fixed = nb.diagnose(_fixed(case))

@@ -223,8 +223,8 @@ def diagnose_block(factory: Callable[[], nn.Module], *, dim: int | None = None, 
         return [Finding(Pitfall.GENERAL, "factory() did not return an nn.Module", f"got {type(m).__name__}.")]
     d = dim if dim is not None else _infer_dim(m)
     if d is None:
-        return [Finding(Pitfall.GENERAL, "cannot infer the model width D",
-                        "no dim-like attribute, LayerNorm or Linear found; call diagnose_block(factory, dim=D).")]
+        return [found(Pitfall.GENERAL, "cannot infer the model width D", "no dim-like attribute, LayerNorm or Linear found.",
+                      fix="call diagnose_block(factory, dim=D)", fix_zh="调用 diagnose_block(factory, dim=D)")]
     limit = _max_len(m)
     t = min(tokens, limit) if limit else tokens
     p = next(m.parameters(), None)

@@ -67,16 +67,18 @@ def diagnose_online_softmax(fn: Callable) -> list[Finding]:
             return [crash_finding(f"the online softmax update on scores {list(s.shape)}", exc)]
         m, l, acc, _ = results[kind]
         if not all(isinstance(t, torch.Tensor) for t in (m, l, acc)) or acc.shape != (*s.shape[:-1], v.size(-1)):
-            return [Finding(Pitfall.GENERAL, "the update returns the wrong thing",
-                            f"return (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv]); got acc {_shape(acc)}.")]
+            return [found(Pitfall.GENERAL, "the update returns the wrong thing", f"got acc {_shape(acc)}.",
+                          fix="return (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv])",
+                          fix_zh="返回 (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv])")]
     want = {kind: torch.softmax(s, dim=-1).nan_to_num(0.0) @ v for kind, (s, v, _) in probes.items()}
     ok = {kind: is_close(results[kind][3], want[kind]) for kind in probes}
     where = "(scores [2, 5, 10] folded in key tiles of 3)"
     if not ok["falling"]:
-        return [Finding(Pitfall.GENERAL, "the online softmax is wrong even when the maximum never changes",
-                        f"with each row's maximum in the first tile, acc / l after the last tile differs from softmax(scores) @ v "
-                        f"by up to {max_abs_diff(results['falling'][3], want['falling']):.3g} {where}. m is the running maximum, "
-                        "l the running sum of exp(scores - m), acc the running sum of exp(scores - m) @ v.")]
+        return [found(Pitfall.GENERAL, "the online softmax is wrong even when the maximum never changes",
+                      f"with each row's maximum in the first tile, acc / l after the last tile differs from softmax(scores) @ v "
+                      f"by up to {max_abs_diff(results['falling'][3], want['falling']):.3g} {where}.",
+                      fix="m is the running maximum, l the running sum of exp(scores - m), acc the running sum of exp(scores - m) @ v",
+                      fix_zh="m 是累计最大值，l 是 exp(scores - m) 的累计和，acc 是 exp(scores - m) @ v 的累计和")]
     if not ok["rising"]:
         return [found(Pitfall.ACC_NOT_RESCALED, "the running sums are not rescaled when the maximum grows",
                       f"right while each row's maximum sits in the first tile, wrong (by up to "
@@ -181,9 +183,10 @@ def _name_unmasked(fn: Callable, ran: list[tuple[TiledProbe, torch.Tensor]]) -> 
 
 
 def _differs(p: TiledProbe, out: torch.Tensor, when: str) -> Finding:
-    return Finding(Pitfall.GENERAL, "tiled attention differs from softmax(q kᵀ / sqrt(d)) v",
-                   f"{when}, by up to {max_abs_diff(out, reference(p)):.3g} {p.where()}. Compare each query block with "
-                   "tinytf.scaled_dot_product_attention, one key tile at a time.")
+    return found(Pitfall.GENERAL, "tiled attention differs from softmax(q kᵀ / sqrt(d)) v",
+                 f"{when}, by up to {max_abs_diff(out, reference(p)):.3g} {p.where()}.",
+                 fix="compare each query block with tinytf.scaled_dot_product_attention, one key tile at a time",
+                 fix_zh="把每个查询块与 tinytf.scaled_dot_product_attention 对比，一次一个键块")
 
 
 def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from .catalog import Pitfall
-from .findings import Finding, found
+from .findings import Finding, found, relation
 from .probe import crash_finding, is_close, max_abs_diff, quietly
 from .tiled_probes import causal_reference, tile_count
 
@@ -75,27 +75,30 @@ def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], ge
     where = _where(q, k, bq, bk)
     res = fn(q.clone(), k.clone(), v.clone(), block_q=bq, block_k=bk)
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.Tensor)):
-        return Finding(Pitfall.GENERAL, "the causal tiled attention returns the wrong thing",
-                       f"return (out [B, H, Tq, dv], tiles_computed: int); got {type(res).__name__} {where}.")
+        return found(Pitfall.GENERAL, "the causal tiled attention returns the wrong thing", f"got {type(res).__name__} {where}.",
+                     fix="return (out [B, H, Tq, dv], tiles_computed: int)", fix_zh="返回 (out [B, H, Tq, dv], tiles_computed: int)")
     out, computed = res
     want = causal_reference(q, k, v)
     if out.shape != want.shape:
         return Finding(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(want.shape)}, got {list(out.shape)} {where}.")
     if not is_close(out, want):
         named = _name_reads(_reads(fn, q, k, v, bq, bk), bk, where)
-        return named or Finding(Pitfall.GENERAL, "causal tiled attention differs from the reference",
-                                f"by up to {max_abs_diff(out.nan_to_num(0.0), want):.3g} {where}; compare with "
-                                "tinytf.scaled_dot_product_attention(q, k, v, is_causal=True).")
+        return named or found(Pitfall.GENERAL, "causal tiled attention differs from the reference",
+                              f"by up to {max_abs_diff(out.nan_to_num(0.0), want):.3g} {where}.",
+                              fix="compare each query block with tinytf.scaled_dot_product_attention(q, k, v, is_causal=True)",
+                              fix_zh="把每个查询块与 tinytf.scaled_dot_product_attention(q, k, v, is_causal=True) 逐一对比")
     expected = tile_count(tq, tk, bq, bk)
     total = -(-tq // bq) * -(-tk // bk)
     if computed != expected:
         if computed == total:
-            return Finding(Pitfall.GENERAL, "no tile is skipped",
-                           f"it computed all {total} tiles, of which {total - expected} lie wholly in the future {where}: stop each "
-                           "query block's key loop at Tk - Tq + q1.")
-        return Finding(Pitfall.GENERAL, "the count of computed tiles is wrong",
-                       f"it says {computed!r}, but {expected} of the {total} tiles hold a key some query may see {where}; count "
-                       "one per q_i @ k_jᵀ computed.")
+            return found(Pitfall.GENERAL, "no tile is skipped",
+                         f"it computed all {total} tiles, of which {total - expected} lie wholly in the future {where}.",
+                         fix="stop each query block's key loop at Tk - Tq + q1", fix_zh="每个查询块的键循环在 Tk - Tq + q1 处停止")
+        how = relation(computed, expected, step=("tile", 1)) if isinstance(computed, int) and not isinstance(computed, bool) else ""
+        return found(Pitfall.GENERAL, "the count of computed tiles is wrong",
+                     f"it says {computed!r}{f' ({how})' if how else ''}, but {expected} of the {total} tiles hold a key some query "
+                     f"may see {where}.",
+                     fix="count one tile per q_i @ k_jᵀ computed", fix_zh="每计算一次 q_i @ k_jᵀ 计一个块")
     return None
 
 
