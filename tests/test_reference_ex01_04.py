@@ -188,6 +188,8 @@ def test_ex01_judges_reject_wrong_answers(reference_runs):
     want = r["value"]
     assert f"scores_by_hand(q, k) differs from q @ kᵀ / sqrt(d): for q {list(q.shape)}, k {list(k.shape)} should be {list(want.shape)} " \
            f"starting [{float(want.reshape(-1)[0]):.4g}, " in msg, msg  # which output, which inputs, the correct shape and first entries
+    d = q.size(-1)
+    assert " — exactly " in msg and msg.endswith(f" of the right value: divided by d = {d} instead of sqrt(d)"), msg  # the ratio named
     _rejects("ex01_scores", r["value"][..., :1], r["inputs"])  # wrong shape
     _rejects("ex01_scores", "not a tensor", r["inputs"])
     r = rec["ex01_softmax"]

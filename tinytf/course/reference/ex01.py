@@ -65,8 +65,10 @@ def _judge_hand_qk(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
 def _judge_scores(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     q, k = float_inputs(q, k)
     expected = reference_scores(q, k)
+    d = q.size(-1)
     close(tensor(value, expected.shape, "scores_by_hand(q, k)"), expected, "scores_by_hand(q, k)", given=shapes(q=q, k=k),
-          reference="q @ kᵀ / sqrt(d)")
+          reference="q @ kᵀ / sqrt(d)", suspects={f"divided by d = {d} instead of sqrt(d)": 1 / math.sqrt(d),
+                                                  "not divided by sqrt(d)": math.sqrt(d)})
 
 
 @judge("ex01_softmax")
