@@ -28,7 +28,8 @@ __all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings"
 def not_implemented(name: str) -> Finding:
     """The finding for a student's ``name`` that still raises ``NotImplementedError``."""
     return Finding(Pitfall.GENERAL, f"{name} is not implemented yet", f"{name} still raises NotImplementedError.",
-                   fix="replace the raise NotImplementedError line with your code", fix_zh="把 raise NotImplementedError 这一行换成你的代码")
+                   fix="replace the raise NotImplementedError line with your code",
+                   fix_zh="把 raise NotImplementedError 这一行换成你的代码")
 
 
 def call_student(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Finding | None]:

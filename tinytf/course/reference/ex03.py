@@ -338,6 +338,7 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     problems, then the grader's judges on fresh inputs for every task without one. Never raises."""
     by_task = {gid: check_parts(namespace, [part]) for gid, part in TASKS.items()}
     if "results" not in namespace:
-        by_task["ex03_results"] = [Finding(Pitfall.GENERAL, "results is missing", "Run Task 3d's cell to fill results.")]
+        by_task["ex03_results"] = [Finding(Pitfall.GENERAL, "results is missing", "the notebook holds no results.",
+                                           fix="run Task 3d's cell to fill results", fix_zh="运行任务 3d 的单元来填充 results")]
     findings = [f for fs in by_task.values() for f in fs]
     return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])

@@ -279,7 +279,8 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
         by_task["ex04_post_block"] = check_parts(namespace, [("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post"))])
     by_task["ex04_train"] = check_parts(namespace, [("train_curve", _diagnose_train)])
     if "curves" not in namespace:
-        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, "curves is missing", "Run Task 4d's cell to fill curves.")]
+        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, "curves is missing", "the notebook holds no curves.",
+                                              fix="run Task 4d's cell to fill curves", fix_zh="运行任务 4d 的单元来填充 curves")]
     findings = [f for fs in by_task.values() for f in fs]
     judged = judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
     if by_task["ex04_train"]:  # Task 4d's curves come from the student's train_curve: say so when they fail

@@ -174,7 +174,11 @@ def _diagnose_bench(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     try:
         rows = _rows(res, [32, 64], "benchmark_attention((32, 64))")
     except AssertionError as err:
-        return [Finding(Pitfall.GENERAL, "benchmark_attention returns the wrong structure", str(err))]
+        return [found(Pitfall.GENERAL, "benchmark_attention returns the wrong structure", f"{err}.",
+                      fix="return {'conditions': {...}, 'explicit': {T: row}, 'sdpa': {T: row}} with the row keys "
+                          "saved_bytes, peak_bytes, ms, tokens_per_s",
+                      fix_zh="返回 {'conditions': {...}, 'explicit': {T: row}, 'sdpa': {T: row}}，每行包含 "
+                             "saved_bytes、peak_bytes、ms、tokens_per_s")]
     if not isinstance(res.get("conditions"), dict) or not all(key in res["conditions"] for key in CONDITION_KEYS):
         return [found(Pitfall.COLD_TIMING, "benchmark_attention does not record its conditions",
                       "a number without its conditions cannot be compared.",

@@ -310,7 +310,9 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
         (("save_checkpoint", "load_checkpoint"), "ex08_ckpt", lambda *_: _diagnose_ckpt(namespace)),
     ])
     if not callable(namespace.get("train")):
-        findings.append(Finding(Pitfall.GENERAL, "train is missing", "Define train(...) in the notebook (keep its name and signature)."))
+        findings.append(Finding(Pitfall.GENERAL, "train is missing", "the notebook defines no train(...).",
+                                fix="define train(...) in the notebook (keep its name and signature) and run its cell",
+                                fix_zh="在 notebook 中定义 train(...)（保留它的名字和签名），并运行该单元"))
         covered.add("ex08_train")
     judged = judge_findings(namespace, PROBES, covered=covered)
     wrong = earlier_parts_wrong(namespace) if "ex08_train" not in covered else []
