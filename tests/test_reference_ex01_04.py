@@ -180,6 +180,8 @@ def test_ex01_judges_reject_wrong_answers(reference_runs):
     want = r["value"]
     assert f"scores_by_hand(q, k) differs from q @ kᵀ / sqrt(d): for q {list(q.shape)}, k {list(k.shape)} should be {list(want.shape)} " \
            f"starting [{float(want.reshape(-1)[0]):.4g}, " in msg, msg  # which output, which inputs, the correct shape and first entries
+    d = q.size(-1)
+    assert " — exactly " in msg and msg.endswith(f" of the right value: divided by d = {d} instead of sqrt(d)"), msg  # the ratio named
     R.rejects("ex01_scores", r["value"][..., :1], r["inputs"])  # wrong shape
     R.rejects("ex01_scores", "not a tensor", r["inputs"])
     r = rec["ex01_softmax"]
@@ -498,7 +500,8 @@ def test_ex04_diagnose_names_the_problem(reference_runs):
         forward = post_cls.forward
 
     inherited = _titles(variant(PreNormBlock=ReluPre, PostNormBlock=PostOnReluPre))
-    assert "PreNormBlock differs" in inherited and "PostNormBlock" not in inherited and "ex04_post" not in inherited, inherited
+    assert "PreNormBlock: the feed-forward net uses ReLU, not GELU" in inherited, inherited
+    assert "PostNormBlock" not in inherited and "ex04_post" not in inherited, inherited
     assert ReluPre.__init__ is not ex04.reference_init, "the student's __init__ is restored"
 
     train = ns["train_curve"]

@@ -153,7 +153,9 @@ def test_ex05_diagnose_silent_on_solution_and_names_pitfalls(ex05_ns):
         return {"encoder_effect": float(d), "padding_leak": float(d)}
 
     ns["probe_encoder_decoder"] = probe_everything
-    assert Pitfall.MASK in _pitfalls(ex05.diagnose(ns))
+    leak = [f for f in ex05.diagnose(ns) if f.title == "the probe reports a leak on a correct model"]
+    assert len(leak) == 1 and leak[0].pitfall is Pitfall.GENERAL, leak  # the model is right: a problem of the probe, no pitfall 3
+    assert "PADDED positions" in leak[0].fix and "masked_fill" not in leak[0].message, leak
     del ns["probe_encoder_decoder"]
     assert any(f.title == "probe_encoder_decoder is missing" for f in ex05.diagnose(ns))
 

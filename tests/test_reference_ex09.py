@@ -65,7 +65,7 @@ def test_wrong_values_are_rejected_with_a_message(records):
 
     rec = records["ex09_tiled"]
     unnormalised = dict(rec["value"], rising=rec["value"]["rising"] * 2.0)
-    R.rejects("ex09_tiled", unnormalised, rec["inputs"], "tiled_forward (rising) differs")
+    R.rejects("ex09_tiled", unnormalised, rec["inputs"], "tiled_forward (rising) differs", "— exactly twice the right value")
 
     rec = records["ex09_memory"]
     q = rec["inputs"]["q"]
@@ -75,6 +75,8 @@ def test_wrong_values_are_rejected_with_a_message(records):
     rec = records["ex09_causal"]
     total = dict(rec["value"], square=dict(rec["value"]["square"], computed=10**6))
     R.rejects("ex09_causal", total, rec["inputs"], "wholly in the future")
+    one_more = dict(rec["value"], square=dict(rec["value"]["square"], computed=rec["value"]["square"]["computed"] + 1))
+    R.rejects("ex09_causal", one_more, rec["inputs"], "— one tile more than the right value (off by one)")
 
 
 def _no_rescale(m, l, acc, scores, v):

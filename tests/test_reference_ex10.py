@@ -66,7 +66,12 @@ def test_wrong_values_are_rejected_with_a_message_that_names_the_pitfall(records
     R.rejects("ex10_grouped", dict(rec["value"], raised="RuntimeError"), rec["inputs"], "must raise a ValueError", "RuntimeError")
 
     rec = records["ex10_cache"]
-    R.rejects("ex10_cache", [n // 2 for n in rec["value"]], rec["inputs"], "2 (keys and values)")
+    R.rejects("ex10_cache", [n // 2 for n in rec["value"]], rec["inputs"], "2 (keys and values)",
+             "— exactly half the right value: only the keys (or only the values) are counted")
+    two_bytes = [ex10.reference_cache_bytes(*a[:5], 2, a[6]) for a in rec["inputs"]["args"]]  # dtype_bytes ignored
+    dtype = rec["inputs"]["args"][0][5]  # the first call, where the message is: dtype_bytes=1 (the probe draws 1, 2, 4, 8)
+    assert dtype == 1
+    R.rejects("ex10_cache", two_bytes, rec["inputs"], f"dtype_bytes={dtype} looks ignored (2 bytes per number assumed)")
     R.rejects("ex10_cache", [float(n) for n in rec["value"]], rec["inputs"], "must return an int")
 
     rec = records["ex10_window"]

@@ -52,9 +52,9 @@ def _run_unmasked(fn: Callable, probes: list[Probe]) -> tuple[list[Finding], lis
             crashed.append((p, exc))
             continue
         if not findings and not all(torch.equal(a, b) for a, b in zip(args, (p.q, p.k, p.v))):
-            findings.append(Finding(Pitfall.GENERAL, "modifies its inputs in place",
-                                    "q, k or v changed after the call (an in-place op such as q.mul_() or q *= ...). "
-                                    "Use out-of-place ops: q = q * scale."))
+            findings.append(found(Pitfall.GENERAL, "modifies its inputs in place",
+                                  "q, k or v changed after the call (an in-place op such as q.mul_() or q *= ...).",
+                                  fix="use out-of-place ops: q = q * scale", fix_zh="使用非原地运算：q = q * scale"))
         if not isinstance(out, torch.Tensor):
             return findings + [Finding(Pitfall.GENERAL, "does not return a tensor",
                                        f"expected a tensor [B, H, Tq, d], got {type(out).__name__}.")], [], []
@@ -187,10 +187,12 @@ def _unnamed_core(fn: Callable, ok: list[Ran], rest: list[int], gen: torch.Gener
         pass
     worst = max(max_abs_diff(ok[i][1], reference(ok[i][0], RIGHT)) for i in rest)
     where = only_for([_where(ok[i][0]) for i in rest], len(rest), len(ok))
-    return findings + [Finding(Pitfall.GENERAL, "output differs from softmax(q kᵀ / sqrt(d)) v",
-                               f"largest difference {worst:.3g} over {len(rest)} random probes, and it is none of the known "
-                               f"mistakes.{' ' + where if where else ''} Compare your intermediates with "
-                               "tinytf.scaled_dot_product_attention step by step.")]
+    return findings + [found(Pitfall.GENERAL, "output differs from softmax(q kᵀ / sqrt(d)) v",
+                             f"largest difference {worst:.3g} over {len(rest)} random probes, and it is none of the known "
+                             f"mistakes.{' ' + where if where else ''}",
+                             fix="compare your intermediates (scores, weights, output) with tinytf.scaled_dot_product_attention "
+                                 "step by step",
+                             fix_zh="把你的中间结果（分数、权重、输出）与 tinytf.scaled_dot_product_attention 逐步对比")]
 
 
 Masked = tuple[int, torch.Tensor]  # (index of the unmasked probe, bool mask)

@@ -174,7 +174,9 @@ def _leak_step(m: nn.Module, xs: list[torch.Tensor], gen: torch.Generator, tol: 
         if leaks is None:
             return [found(Pitfall.CAUSAL_OFF_BY_ONE, "non-finite output",
                           "the block outputs NaN or inf. A causal mask that blocks the diagonal leaves row 0 with nothing to "
-                          "attend to: softmax over all -inf is NaN.", where=_on(xs, [i]) if len(xs) > 1 else "")]
+                          "attend to: softmax over all -inf is NaN.", where=_on(xs, [i]) if len(xs) > 1 else "",
+                          fix="keep the diagonal in the causal mask: ones(T, T).tril() (each token may read itself)",
+                          fix_zh="因果掩码要保留对角线：ones(T, T).tril()（每个 token 都能看到自己）")]
         if leaks:
             per_x[i] = sorted(leaks)
     if not per_x:
@@ -221,8 +223,8 @@ def diagnose_block(factory: Callable[[], nn.Module], *, dim: int | None = None, 
         return [Finding(Pitfall.GENERAL, "factory() did not return an nn.Module", f"got {type(m).__name__}.")]
     d = dim if dim is not None else _infer_dim(m)
     if d is None:
-        return [Finding(Pitfall.GENERAL, "cannot infer the model width D",
-                        "no dim-like attribute, LayerNorm or Linear found; call diagnose_block(factory, dim=D).")]
+        return [found(Pitfall.GENERAL, "cannot infer the model width D", "no dim-like attribute, LayerNorm or Linear found.",
+                      fix="call diagnose_block(factory, dim=D)", fix_zh="调用 diagnose_block(factory, dim=D)")]
     limit = _max_len(m)
     t = min(tokens, limit) if limit else tokens
     p = next(m.parameters(), None)

@@ -112,9 +112,10 @@ def diagnose_expand_kv(fn: Callable) -> list[Finding]:
         want = (s.b, s.heads, s.t_k, s.d)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
             got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            return [Finding(Pitfall.GENERAL, "expand_kv returns the wrong shape",
-                            f"expected [B, heads, T, d] = {list(want)}, got {got} {s.where()}: repeat along the head axis "
-                            "(dim=1), not the time axis.")]
+            return [found(Pitfall.GENERAL, "expand_kv returns the wrong shape", f"expected [B, heads, T, d] = {list(want)}, got {got} "
+                          f"{s.where()}.",
+                          fix="repeat along the head axis: kv.repeat_interleave(heads // kv_heads, dim=1), not the time axis",
+                          fix_zh="沿头的维度重复：kv.repeat_interleave(heads // kv_heads, dim=1)，而不是时间维度")]
         named = _name_mapping(_read_mapping(out, kv), s)
         if named:
             bad.append((s, named))
@@ -129,8 +130,10 @@ def _grouping_probe(fn: Callable, s: Shape, gen: torch.Generator) -> tuple[str, 
     want = _reference(q, k, v)
     if not isinstance(out, torch.Tensor) or out.shape != want.shape:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return Finding(Pitfall.GENERAL, "grouped attention returns the wrong shape",
-                       f"expected [B, H, Tq, dv] = {list(want.shape)}, got {got} {s.where()}: every query head gets an output.")
+        return found(Pitfall.GENERAL, "grouped attention returns the wrong shape",
+                     f"expected [B, H, Tq, dv] = {list(want.shape)}, got {got} {s.where()}.",
+                     fix="expand k and v to the H query heads first, so every query head gets an output",
+                     fix_zh="先把 k 和 v 扩展到 H 个查询头，让每个查询头都有输出")
     if is_close(out, want):
         return None
     labels = torch.arange(1.0, s.kv_heads + 1).view(1, -1, 1, 1).expand(s.b, -1, s.t_k, s.dv)  # v = g + 1 on K/V head g
@@ -142,9 +145,10 @@ def _grouping_probe(fn: Callable, s: Shape, gen: torch.Generator) -> tuple[str, 
     if is_close(out, _reference(q, k, v, scale=1.0)):
         return found(Pitfall.SCALE, "the scores are not scaled", "each query head reads the right K/V head, but the scores "
                      "miss the 1/sqrt(d) factor.", where=f"Seen {s.where()}.")
-    return Finding(Pitfall.GENERAL, "grouped attention differs from the reference",
-                   f"each query head reads the right K/V head (h // groups), yet the output differs by up to "
-                   f"{max_abs_diff(out, want):.3g} {s.where()}: compare softmax(q kᵀ / sqrt(d)) v head by head.")
+    return found(Pitfall.GENERAL, "grouped attention differs from the reference",
+                 f"each query head reads the right K/V head (h // groups), yet the output differs by up to "
+                 f"{max_abs_diff(out, want):.3g} {s.where()}.",
+                 fix="compare softmax(q kᵀ / sqrt(d)) v head by head", fix_zh="逐个头对比 softmax(q kᵀ / sqrt(d)) v")
 
 
 @quietly

@@ -67,12 +67,14 @@ def _base_losses(fn: Callable, cases: list[Case]) -> tuple[list[torch.Tensor], l
             return [], [crash_finding(f"loss on logits {list(c.logits.shape)}, ids {list(c.ids.shape)}", exc, Pitfall.GENERAL, hint)]
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             got = f"shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-            return [], [Finding(Pitfall.GENERAL, "loss is not a scalar tensor",
-                                f"got {got}; return a 0-d tensor (the mean over real target tokens).")]
+            return [], [found(Pitfall.GENERAL, "loss is not a scalar tensor", f"got {got}.",
+                              fix="return a 0-d tensor: the mean over the real target tokens",
+                              fix_zh="返回 0 维张量：对真实目标 token 取平均")]
         if not loss.requires_grad:
-            return [], [Finding(Pitfall.GENERAL, "loss is detached from the logits",
-                                "it does not require grad, so backward() cannot train the model. "
-                                "Do not call .item(), .detach() or torch.tensor(...) on it.")]
+            return [], [found(Pitfall.GENERAL, "loss is detached from the logits",
+                              "it does not require grad, so backward() cannot train the model.",
+                              fix="do not call .item(), .detach() or torch.tensor(...) on it",
+                              fix_zh="不要对它调用 .item()、.detach() 或 torch.tensor(...)")]
         if not torch.isfinite(loss):
             return [], [Finding(Pitfall.GENERAL, "non-finite loss", f"got {float(loss)} on ordinary random logits.")]
         base.append(loss.detach())

@@ -84,9 +84,10 @@ def diagnose_row_parallel(outputs: Sequence[torch.Tensor], reference: torch.Tens
                       f"every rank's output is the reference plus (P - 1) = {world - 1} biases: each rank added the bias "
                       "before the all-reduce summed them.")]
     worst = max((o - reference).abs().max().item() for o in outputs)
-    return [Finding(Pitfall.GENERAL, "the tensor-parallel output is wrong",
-                    f"ranks {bad} differ from the single-process output (max |difference| {worst:.2e}), and neither a partial "
-                    "sum nor extra biases explain it. Check how the weights were split (diagnose_qkv_split).")]
+    return [found(Pitfall.GENERAL, "the tensor-parallel output is wrong",
+                  f"ranks {bad} differ from the single-process output (max |difference| {worst:.2e}), and neither a partial "
+                  "sum nor extra biases explain it.",
+                  fix="check how the weights were split (diagnose_qkv_split)", fix_zh="检查权重是如何切分的（diagnose_qkv_split）")]
 
 
 def diagnose_replicated(tensors: Sequence[torch.Tensor], what: str = "the activation") -> list[Finding]:
@@ -124,6 +125,7 @@ def diagnose_ring_attention(outputs: Sequence[torch.Tensor], q: torch.Tensor, k:
         return [found(Pitfall.RING_LOCAL_OFFSET, "the causal mask uses local positions",
                       "the outputs equal attention in which every K/V block's keys (and every rank's queries) start at "
                       "position 0: blocks from the future are seen, blocks from the past are half hidden.")]
-    return [Finding(Pitfall.GENERAL, "ring attention differs from full attention",
-                    f"max |ring - full causal attention| = {(got - right).abs().max().item():.2e}; check the online-softmax "
-                    "merge of each arriving block.")]
+    return [found(Pitfall.GENERAL, "ring attention differs from full attention",
+                  f"max |ring - full causal attention| = {(got - right).abs().max().item():.2e}.",
+                  fix="check the online-softmax merge of each arriving block: alpha = exp(m - m_new) on l and acc",
+                  fix_zh="检查每个到达块的在线 softmax 合并：对 l 和 acc 乘以 alpha = exp(m - m_new)")]

@@ -67,16 +67,18 @@ def diagnose_online_softmax(fn: Callable) -> list[Finding]:
             return [crash_finding(f"the online softmax update on scores {list(s.shape)}", exc)]
         m, l, acc, _ = results[kind]
         if not all(isinstance(t, torch.Tensor) for t in (m, l, acc)) or acc.shape != (*s.shape[:-1], v.size(-1)):
-            return [Finding(Pitfall.GENERAL, "the update returns the wrong thing",
-                            f"return (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv]); got acc {_shape(acc)}.")]
+            return [found(Pitfall.GENERAL, "the update returns the wrong thing", f"got acc {_shape(acc)}.",
+                          fix="return (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv])",
+                          fix_zh="返回 (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv])")]
     want = {kind: torch.softmax(s, dim=-1).nan_to_num(0.0) @ v for kind, (s, v, _) in probes.items()}
     ok = {kind: is_close(results[kind][3], want[kind]) for kind in probes}
     where = "(scores [2, 5, 10] folded in key tiles of 3)"
     if not ok["falling"]:
-        return [Finding(Pitfall.GENERAL, "the online softmax is wrong even when the maximum never changes",
-                        f"with each row's maximum in the first tile, acc / l after the last tile differs from softmax(scores) @ v "
-                        f"by up to {max_abs_diff(results['falling'][3], want['falling']):.3g} {where}. m is the running maximum, "
-                        "l the running sum of exp(scores - m), acc the running sum of exp(scores - m) @ v.")]
+        return [found(Pitfall.GENERAL, "the online softmax is wrong even when the maximum never changes",
+                      f"with each row's maximum in the first tile, acc / l after the last tile differs from softmax(scores) @ v "
+                      f"by up to {max_abs_diff(results['falling'][3], want['falling']):.3g} {where}.",
+                      fix="m is the running maximum, l the running sum of exp(scores - m), acc the running sum of exp(scores - m) @ v",
+                      fix_zh="m 是累计最大值，l 是 exp(scores - m) 的累计和，acc 是 exp(scores - m) @ v 的累计和")]
     if not ok["rising"]:
         return [found(Pitfall.ACC_NOT_RESCALED, "the running sums are not rescaled when the maximum grows",
                       f"right while each row's maximum sits in the first tile, wrong (by up to "
@@ -88,9 +90,12 @@ def diagnose_online_softmax(fn: Callable) -> list[Finding]:
                       "when a row's first tile is all -inf its maximum is still -inf, and exp(-inf - -inf) is NaN; "
                       "the rows then stay NaN (scores [2, 4, 9] with keys 0-2 masked, row 1 masked everywhere).")]
     if not ok["masked"]:
-        return [Finding(Pitfall.MASK, "a masked tile changes the result",
-                        "a score of -inf must get the weight exp(-inf) = 0, and a row that saw only masked keys keeps l = 0, "
-                        "acc = 0 (scores [2, 4, 9] with keys 0-2 masked).")]
+        return [found(Pitfall.MASK, "a masked tile changes the result",
+                      "a score of -inf must get the weight exp(-inf) = 0 (scores [2, 4, 9] with keys 0-2 masked).",
+                      fix="p = exp(s - m_new) with the -inf scores kept as they are, so masked keys add 0 to l and acc; a row "
+                          "that saw only masked keys keeps l = 0, acc = 0",
+                      fix_zh="p = exp(s - m_new)，-inf 分数保持不变，这样被屏蔽的键对 l 和 acc 的贡献为 0；"
+                             "只见过被屏蔽键的行保持 l = 0、acc = 0")]
     return []
 
 
@@ -178,9 +183,10 @@ def _name_unmasked(fn: Callable, ran: list[tuple[TiledProbe, torch.Tensor]]) -> 
 
 
 def _differs(p: TiledProbe, out: torch.Tensor, when: str) -> Finding:
-    return Finding(Pitfall.GENERAL, "tiled attention differs from softmax(q kᵀ / sqrt(d)) v",
-                   f"{when}, by up to {max_abs_diff(out, reference(p)):.3g} {p.where()}. Compare each query block with "
-                   "tinytf.scaled_dot_product_attention, one key tile at a time.")
+    return found(Pitfall.GENERAL, "tiled attention differs from softmax(q kᵀ / sqrt(d)) v",
+                 f"{when}, by up to {max_abs_diff(out, reference(p)):.3g} {p.where()}.",
+                 fix="compare each query block with tinytf.scaled_dot_product_attention, one key tile at a time",
+                 fix_zh="把每个查询块与 tinytf.scaled_dot_product_attention 对比，一次一个键块")
 
 
 def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
@@ -192,7 +198,11 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
             return [crash_finding(f"tiled attention with a mask {list(p.mask.shape)}", exc, Pitfall.MASK,
                            "fn(q, k, v, mask, block_q=..., block_k=...) takes a bool mask broadcastable to [B, H, Tq, Tk].")]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
-            return [Finding(Pitfall.ORIENTATION, "wrong output shape with a mask", f"got {_shape(out)} {p.where()}.")]
+            return [found(Pitfall.ORIENTATION, "wrong output shape with a mask", f"expected {list(reference(p).shape)}, got {_shape(out)} "
+                          f"{p.where()}.",
+                          fix="the mask broadcasts over the scores [B, H, Tq, Tk]: slice it per tile, mask[..., q0:q1, k0:k1], "
+                          "and keep out [B, H, Tq, dv]",
+                            fix_zh="掩码按分数 [B, H, Tq, Tk] 广播：逐块切片 mask[..., q0:q1, k0:k1]，输出保持 [B, H, Tq, dv]")]
         if not torch.isfinite(out).all():
             why = ("its first key tile is entirely masked, so m is still -inf and exp(-inf - -inf) = NaN"
                    if p.kind == "left padding" else "a row that may see nothing ends with l = 0 and acc / l = 0 / 0")
@@ -200,8 +210,9 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
         if not is_close(out, reference(p)):
             empty = p.kind == "empty rows" and not is_close(out[..., ::3, :], torch.zeros_like(out[..., ::3, :]))
             what = "rows that may see nothing must be zeros" if empty else "masked keys must get exactly zero weight"
-            return [found(Pitfall.MASK, "masked tiled attention differs from the reference",
-                          f"{what}: mask each tile's scores with -inf before the update.", where=f"Seen {p.where()}.")]
+            return [found(Pitfall.MASK, "masked tiled attention differs from the reference", f"{what}.", where=f"Seen {p.where()}.",
+                          fix="mask each tile's scores with -inf before the update: s.masked_fill(~mask[..., q0:q1, k0:k1], -inf)",
+                          fix_zh="在更新之前用 -inf 屏蔽每个块的分数：s.masked_fill(~mask[..., q0:q1, k0:k1], -inf)")]
     return []
 
 
@@ -216,7 +227,9 @@ def _memory(fn: Callable, gen: torch.Generator) -> list[Finding]:
         return [found(Pitfall.EXPLICIT_IN_PRODUCTION, "the tiled forward holds the whole score matrix",
                       f"its measured peak is {meter.peak} bytes for q, k, v [{b}, {h}, {t}, {d}] with {block} × {block} tiles, "
                       f"{meter.peak / scores:.2f}× one [B, H, T, T] float32 score matrix ({scores} bytes); a tile is "
-                      f"{b * h * block * block * 4} bytes. Compute q_i @ k_jᵀ per tile, never q @ kᵀ.")]
+                      f"{b * h * block * block * 4} bytes.",
+                      fix="compute the scores q_i @ k_jᵀ per tile inside the loop, never q @ kᵀ for the whole sequence",
+                      fix_zh="在循环里逐块计算分数 q_i @ k_jᵀ，不要对整个序列计算 q @ kᵀ")]
     return []
 
 
@@ -236,8 +249,9 @@ def diagnose_tiled_attention(fn: Callable) -> list[Finding]:
             hint = "" if multiple else "Tq or Tk is not a multiple of the block: the last tile is smaller (slice to min(k0 + block_k, Tk))."
             return [crash_finding(f"tiled attention {p.where()}", exc, Pitfall.GENERAL, hint)]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
-            return [Finding(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(reference(p).shape)} = [B, H, Tq, dv], "
-                                                                          f"got {_shape(out)} {p.where()}.")]
+            return [found(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(reference(p).shape)} = [B, H, Tq, dv], "
+                          f"got {_shape(out)} {p.where()}.", fix="write each query tile's acc / l into out[..., q0:q1, :], out of shape "
+                          "[B, H, Tq, dv]", fix_zh="把每个查询块的 acc / l 写入 out[..., q0:q1, :]，out 的形状为 [B, H, Tq, dv]")]
         ran.append((p, out))
     findings = _name_unmasked(fn, ran) or _name_masked(fn, gen)
     if findings:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from .catalog import Pitfall
-from .findings import Finding, found
+from .findings import Finding, found, relation
 from .probe import crash_finding, is_close, max_abs_diff, quietly
 from .tiled_probes import causal_reference, tile_count
 
@@ -48,7 +48,8 @@ def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
         i, j = (int(x) for x in (reads & ~allowed).nonzero()[0])
         return found(Pitfall.CAUSAL_OFF_BY_ONE, "a query reads a future key",
                      f"query {i} reads key {j} > {offset + i}: the mask inside the diagonal tiles lets the future leak.",
-                     where=f"Seen {where}.")
+                     where=f"Seen {where}.", fix="inside a diagonal tile block key j of query i when j > Tk - Tq + i (END-aligned), "
+                     "not when j > i", fix_zh="在对角线块内，当 j > Tk - Tq + i 时屏蔽查询 i 的键 j（末尾对齐），而不是 j > i 时")
     own = reads[torch.arange(tq), torch.arange(tq) + offset]
     if own.all():
         return None
@@ -59,7 +60,9 @@ def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
     if start < offset + i and reads[i, start:offset + i].all():
         return found(Pitfall.CAUSAL_OFF_BY_ONE, "a query does not read its own key",
                      f"query {i} reads keys {start}..{offset + i - 1} of its diagonal tile but not key {offset + i} itself: the "
-                     "causal mask inside the tile is off by one (query i may read key j when j <= Tk - Tq + i).", where=f"Seen {where}.")
+                     "causal mask inside the tile is off by one.", where=f"Seen {where}.",
+                     fix="let query i read key j when j <= Tk - Tq + i (its own key included): keep j <= offset + i, not j < offset + i",
+                     fix_zh="当 j <= Tk - Tq + i 时允许查询 i 读取键 j（包括它自己的键）：保留 j <= offset + i，而不是 j < offset + i")
     return found(Pitfall.DIAGONAL_TILE_SKIPPED, "the diagonal tile is skipped",
                  f"query {i} reads none of keys {start}..{offset + i} — the key tile that holds its own key was never "
                  f"computed{' (row 0 has nothing to attend to)' if not reads[0].any() else ''}. Only key blocks that start at "
@@ -72,27 +75,30 @@ def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], ge
     where = _where(q, k, bq, bk)
     res = fn(q.clone(), k.clone(), v.clone(), block_q=bq, block_k=bk)
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.Tensor)):
-        return Finding(Pitfall.GENERAL, "the causal tiled attention returns the wrong thing",
-                       f"return (out [B, H, Tq, dv], tiles_computed: int); got {type(res).__name__} {where}.")
+        return found(Pitfall.GENERAL, "the causal tiled attention returns the wrong thing", f"got {type(res).__name__} {where}.",
+                     fix="return (out [B, H, Tq, dv], tiles_computed: int)", fix_zh="返回 (out [B, H, Tq, dv], tiles_computed: int)")
     out, computed = res
     want = causal_reference(q, k, v)
     if out.shape != want.shape:
         return Finding(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(want.shape)}, got {list(out.shape)} {where}.")
     if not is_close(out, want):
         named = _name_reads(_reads(fn, q, k, v, bq, bk), bk, where)
-        return named or Finding(Pitfall.GENERAL, "causal tiled attention differs from the reference",
-                                f"by up to {max_abs_diff(out.nan_to_num(0.0), want):.3g} {where}; compare with "
-                                "tinytf.scaled_dot_product_attention(q, k, v, is_causal=True).")
+        return named or found(Pitfall.GENERAL, "causal tiled attention differs from the reference",
+                              f"by up to {max_abs_diff(out.nan_to_num(0.0), want):.3g} {where}.",
+                              fix="compare each query block with tinytf.scaled_dot_product_attention(q, k, v, is_causal=True)",
+                              fix_zh="把每个查询块与 tinytf.scaled_dot_product_attention(q, k, v, is_causal=True) 逐一对比")
     expected = tile_count(tq, tk, bq, bk)
     total = -(-tq // bq) * -(-tk // bk)
     if computed != expected:
         if computed == total:
-            return Finding(Pitfall.GENERAL, "no tile is skipped",
-                           f"it computed all {total} tiles, of which {total - expected} lie wholly in the future {where}: stop each "
-                           "query block's key loop at Tk - Tq + q1.")
-        return Finding(Pitfall.GENERAL, "the count of computed tiles is wrong",
-                       f"it says {computed!r}, but {expected} of the {total} tiles hold a key some query may see {where}; count "
-                       "one per q_i @ k_jᵀ computed.")
+            return found(Pitfall.GENERAL, "no tile is skipped",
+                         f"it computed all {total} tiles, of which {total - expected} lie wholly in the future {where}.",
+                         fix="stop each query block's key loop at Tk - Tq + q1", fix_zh="每个查询块的键循环在 Tk - Tq + q1 处停止")
+        how = relation(computed, expected, step=("tile", 1)) if isinstance(computed, int) and not isinstance(computed, bool) else ""
+        return found(Pitfall.GENERAL, "the count of computed tiles is wrong",
+                     f"it says {computed!r}{f' ({how})' if how else ''}, but {expected} of the {total} tiles hold a key some query "
+                     f"may see {where}.",
+                     fix="count one tile per q_i @ k_jᵀ computed", fix_zh="每计算一次 q_i @ k_jᵀ 计一个块")
     return None
 
 

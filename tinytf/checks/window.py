@@ -79,8 +79,11 @@ def _collect(fn: Callable) -> tuple[list[Finding], dict[tuple[int, int, int], to
             return [Finding(Pitfall.GENERAL, "wrong window mask shape",
                             f"fn({tq}, {tk}, {w}) returned {got}; expected a bool tensor [{tq}, {tk}] (query rows, key columns).")], None
         if m.dtype != torch.bool:
-            return [Finding(Pitfall.GENERAL, "the window mask is not boolean",
-                            f"it has dtype {m.dtype}; tinytf and F.scaled_dot_product_attention take bool with True = may attend.")], None
+            return [found(Pitfall.GENERAL, "the window mask is not boolean", f"it has dtype {m.dtype}.",
+                          fix="build it from comparisons: a bool tensor, True = may attend (what tinytf and "
+                              "F.scaled_dot_product_attention take)",
+                          fix_zh="用比较运算构造它：bool 张量，True 表示可以关注（tinytf 和 "
+                                 "F.scaled_dot_product_attention 接受的掩码）")], None
         masks[(tq, tk, w)] = m.cpu()
     return [], masks
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
+from tinytf.checks.findings import tensor_relation
 
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
@@ -64,8 +65,10 @@ def _judge_hand_qk(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
 def _judge_scores(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     q, k = float_inputs(q, k)
     expected = reference_scores(q, k)
+    d = q.size(-1)
     close(tensor(value, expected.shape, "scores_by_hand(q, k)"), expected, "scores_by_hand(q, k)", given=shapes(q=q, k=k),
-          reference="q @ kᵀ / sqrt(d)")
+          reference="q @ kᵀ / sqrt(d)", suspects={f"divided by d = {d} instead of sqrt(d)": 1 / math.sqrt(d),
+                                                  "not divided by sqrt(d)": math.sqrt(d)})
 
 
 @judge("ex01_softmax")
@@ -100,7 +103,8 @@ def _probe() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def _diagnose_hand_qk(hand: Any) -> list[Finding]:
     if hand is None:
-        return [Finding(Pitfall.GENERAL, "hand_qk is not defined yet", "Task 1a: type your QKᵀ table as a nested list hand_qk[i][j].")]
+        return [found(Pitfall.GENERAL, "hand_qk is not defined yet", "Task 1a asks for the QKᵀ table of the example.",
+                      fix="type your QKᵀ table as a nested list hand_qk[i][j]", fix_zh="把你的 QKᵀ 表写成嵌套列表 hand_qk[i][j]")]
     try:
         table = torch.tensor(hand, dtype=torch.float32)
         ok = tuple(table.shape) == (3, 3) and torch.allclose(table, torch.tensor(EXAMPLE_Q) @ torch.tensor(EXAMPLE_K).T)
@@ -109,11 +113,15 @@ def _diagnose_hand_qk(hand: Any) -> list[Finding]:
     if ok:
         return []
     if _is_transposed(hand):
-        return [Finding(Pitfall.ORIENTATION, "hand_qk is transposed (it is KQᵀ)",
-                        "Row i must be query i and column j key j: entry [i][j] = q[i] · k[j]. Yours has rows = keys.")]
-    return [Finding(Pitfall.ORIENTATION, "hand_qk is not QKᵀ of the example",
-                    "Entry [i][j] is the dot product of query row i with key row j (no scaling yet): "
-                    "a 3 x 3 table, rows = queries, columns = keys.")]
+        return [found(Pitfall.ORIENTATION, "hand_qk is transposed (it is KQᵀ)",
+                      "Row i must be query i and column j key j: entry [i][j] = q[i] · k[j]. Yours has rows = keys.",
+                      fix="transpose your table: row i = query i, entry [i][j] = q[i] · k[j]",
+                      fix_zh="把你的表转置：第 i 行是查询 i，元素 [i][j] = q[i] · k[j]")]
+    return [found(Pitfall.ORIENTATION, "hand_qk is not QKᵀ of the example",
+                  "Entry [i][j] is the dot product of query row i with key row j (no scaling yet): "
+                  "a 3 x 3 table, rows = queries, columns = keys.",
+                  fix="recompute each entry [i][j] = q[i] · k[j] of the 3 x 3 table (no scaling yet)",
+                  fix_zh="重新计算 3 x 3 表的每个元素 [i][j] = q[i] · k[j]（先不缩放）")]
 
 
 def _is_transposed(hand: Any) -> bool:
@@ -132,20 +140,20 @@ def _diagnose_scores(fn: Any) -> list[Finding]:
     expected = reference_scores(q, k)
     if not isinstance(s, torch.Tensor) or tuple(s.shape) != tuple(expected.shape):
         hint = " (did you multiply by k instead of k.transpose(-2, -1)?)" if isinstance(s, torch.Tensor) else ""
-        return [Finding(Pitfall.ORIENTATION, "scores_by_hand returns the wrong shape",
-                        f"For q {list(q.shape)} and k {list(k.shape)} the scores must be [B, H, Tq, Tk] = "
-                        f"{list(expected.shape)}, got {shape_of(s)}{hint}.")]
+        return [found(Pitfall.ORIENTATION, "scores_by_hand returns the wrong shape",
+                      f"For q {list(q.shape)} and k {list(k.shape)} the scores must be [B, H, Tq, Tk] = "
+                      f"{list(expected.shape)}, got {shape_of(s)}{hint}.")]
     if torch.allclose(s, expected, atol=1e-4):
         return []
-    raw = q @ k.transpose(-2, -1)
-    if torch.allclose(s, raw, atol=1e-4):
-        msg = "the scores are not divided by sqrt(d): divide q @ kᵀ by math.sqrt(q.size(-1))."
-    elif torch.allclose(s, raw / q.size(-1), atol=1e-4):
-        msg = "the scores are divided by d instead of sqrt(d)."
+    d = q.size(-1)
+    how = tensor_relation(s, expected, suspects={f"the scores are divided by d instead of sqrt(d) (d = {d})": 1 / math.sqrt(d),
+                                                 "the scores are not divided by sqrt(d)": math.sqrt(d)})
+    if how:
+        msg = f"scores_by_hand(q, k) is {how}."
     else:
         msg = (differs("scores_by_hand(q, k)", s, expected, f"q {list(q.shape)}, k {list(k.shape)}")
                + ": the scores are q @ k.transpose(-2, -1) / sqrt(d) with d = q.size(-1) (the per-head width).")
-    return [Finding(Pitfall.SCALE, "scores_by_hand: wrong scaling or values", msg)]
+    return [found(Pitfall.SCALE, "scores_by_hand: wrong scaling or values", msg)]  # the catalog's fix is this one
 
 
 def _diagnose_softmax(fn: Any) -> list[Finding]:
@@ -154,20 +162,26 @@ def _diagnose_softmax(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(w, torch.Tensor) or w.shape != scores.shape:
-        return [Finding(Pitfall.GENERAL, "softmax_by_hand changes the shape",
-                        f"scores {list(scores.shape)} must give weights of the same shape.")]
+        return [found(Pitfall.GENERAL, "softmax_by_hand changes the shape",
+                      f"scores {list(scores.shape)} must give weights of the same shape.",
+                      fix="reduce with keepdim=True and divide elementwise: e / e.sum(dim=-1, keepdim=True)",
+                      fix_zh="求和时用 keepdim=True，再逐元素相除：e / e.sum(dim=-1, keepdim=True)")]
     if not torch.allclose(w.sum(-1), torch.ones(scores.shape[:-1]), atol=1e-4):
-        return [Finding(Pitfall.ORIENTATION, "softmax_by_hand: rows do not sum to one",
-                        "Normalise over the keys, the last axis: e / e.sum(dim=-1, keepdim=True).")]
+        return [found(Pitfall.ORIENTATION, "softmax_by_hand: rows do not sum to one",
+                      "the weights must be normalised over the keys, the last axis.",
+                      fix="e / e.sum(dim=-1, keepdim=True): sum over the keys (dim=-1), not the queries",
+                      fix_zh="e / e.sum(dim=-1, keepdim=True)：在键的维度（dim=-1）上求和，而不是查询的维度")]
     if not torch.allclose(w, scores.softmax(-1), atol=1e-5):
-        return [Finding(Pitfall.GENERAL, "softmax_by_hand: wrong values",
-                        differs("softmax_by_hand(scores)", w, scores.softmax(-1), f"scores {list(scores.shape)}")
-                        + " (torch.softmax(scores, dim=-1)).")]
+        return [found(Pitfall.GENERAL, "softmax_by_hand: wrong values",
+                      differs("softmax_by_hand(scores)", w, scores.softmax(-1), f"scores {list(scores.shape)}") + ".",
+                      fix="compute e = exp(scores - max) and e / e.sum(dim=-1, keepdim=True), as torch.softmax(scores, dim=-1) does",
+                      fix_zh="计算 e = exp(scores - max)，再求 e / e.sum(dim=-1, keepdim=True)，与 torch.softmax(scores, dim=-1) 相同")]
     big, problem = call_student("softmax_by_hand", fn, torch.tensor([[1000.0, 999.0, 0.0]]))
     if problem or not isinstance(big, torch.Tensor) or not bool(torch.isfinite(big).all()):
-        return [Finding(Pitfall.GENERAL, "softmax_by_hand overflows on large scores",
-                        "exp(1000) is inf in float32: subtract each row's maximum "
-                        "(scores.amax(dim=-1, keepdim=True)) before exp; softmax does not change.")]
+        return [found(Pitfall.GENERAL, "softmax_by_hand overflows on large scores",
+                      "exp(1000) is inf in float32; subtracting each row's maximum does not change the softmax.",
+                      fix="subtract each row's maximum before exp: e = (scores - scores.amax(dim=-1, keepdim=True)).exp()",
+                      fix_zh="在 exp 之前减去每行的最大值：e = (scores - scores.amax(dim=-1, keepdim=True)).exp()")]
     return []
 
 
@@ -182,7 +196,8 @@ def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any]) -> list[Finding
         if problem:
             return [problem]
         if not (isinstance(res, (tuple, list)) and len(res) == 2):
-            return [Finding(Pitfall.GENERAL, "attention_by_hand must return (out, weights)", "Return a pair: weights @ v and the weights.")]
+            return [found(Pitfall.GENERAL, "attention_by_hand must return (out, weights)", f"it returned {type(res).__name__}.",
+                          fix="return a pair: return weights @ v, weights", fix_zh="返回一对值：return weights @ v, weights")]
 
         def as_attention(q, k, v, mask=None):  # the mask is applied before the softmax
             if mask is None:
@@ -196,10 +211,11 @@ def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any]) -> list[Finding
     wrong_w = not (isinstance(w, torch.Tensor) and w.shape == ref_w.shape and torch.allclose(w, ref_w, atol=1e-4))
     if not findings and (wrong_out or wrong_w):
         given = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
-        findings.append(Finding(Pitfall.GENERAL, "attention_by_hand differs from tinytf",
-                                differs("attention_by_hand out" if wrong_out else "attention_by_hand weights",
-                                        out if wrong_out else w, ref_out if wrong_out else ref_w, given)
-                                + ". Return (weights @ v, weights) with weights = softmax_by_hand(scores_by_hand(q, k))."))
+        findings.append(found(Pitfall.GENERAL, "attention_by_hand differs from tinytf",
+                              differs("attention_by_hand out" if wrong_out else "attention_by_hand weights",
+                                      out if wrong_out else w, ref_out if wrong_out else ref_w, given) + ".",
+                              fix="return (weights @ v, weights) with weights = softmax_by_hand(scores_by_hand(q, k))",
+                              fix_zh="返回 (weights @ v, weights)，其中 weights = softmax_by_hand(scores_by_hand(q, k))"))
     return findings
 
 

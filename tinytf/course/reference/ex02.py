@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
-from .validators import bool_mask, close, differs, float_inputs, has_keys, shapes, should_be, tensor
+from .validators import bool_mask, close, differs, float_inputs, has_keys, shape_of, shapes, should_be, tensor
 
 __all__ = ["PROBES", "reference_masked_softmax", "reference_renormalise", "tinytf_masked_softmax", "diagnose"]
 
@@ -93,18 +93,24 @@ def _diagnose_mask(fn: Any) -> list[Finding]:
     expected = padding_mask(lengths, t)
     if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
         got = m.dtype if isinstance(m, torch.Tensor) else type(m).__name__
-        return [Finding(Pitfall.GENERAL, "build_padding_mask must return a bool tensor",
-                        f"got {got}; build it from a comparison (positions < lengths) so it is torch.bool, True = may attend.")]
+        return [found(Pitfall.GENERAL, "build_padding_mask must return a bool tensor", f"got {got}.",
+                      fix="build it from a comparison, torch.arange(t) < lengths[:, None], so it is torch.bool (True = may attend)",
+                      fix_zh="用比较来构造它：torch.arange(t) < lengths[:, None]，这样它就是 torch.bool（True 表示可以关注）")]
     if tuple(m.shape) != tuple(expected.shape):
-        hint = " A [B, T] mask on [B, H, T, T] scores is read as [Tq, Tk]: add the axes with [:, None, None, :]." if m.dim() == 2 else ""
-        return [Finding(Pitfall.GENERAL, "build_padding_mask has the wrong shape",
-                        f"lengths {lengths}, t={t} must give [B, 1, 1, t] = {list(expected.shape)}, got {list(m.shape)}.{hint}")]
+        hint = " A [B, T] mask on [B, H, T, T] scores is read as [Tq, Tk]." if m.dim() == 2 else ""
+        return [found(Pitfall.GENERAL, "build_padding_mask has the wrong shape",
+                      f"lengths {lengths}, t={t} must give [B, 1, 1, t] = {list(expected.shape)}, got {list(m.shape)}.{hint}",
+                      fix="return the [B, t] comparison with the head and query axes added: mask[:, None, None, :]",
+                      fix_zh="返回 [B, t] 的比较结果，并补上头和查询两个轴：mask[:, None, None, :]")]
     if torch.equal(m, ~expected):
-        return [Finding(Pitfall.MASK, "build_padding_mask uses the inverted convention",
-                        "True must mean 'may attend' (a real token), False = padding, as in F.scaled_dot_product_attention.")]
+        return [found(Pitfall.MASK, "build_padding_mask uses the inverted convention",
+                      "True must mean 'may attend' (a real token), False = padding, as in F.scaled_dot_product_attention.",
+                      fix="flip the comparison: positions < lengths (True = real token), not positions >= lengths",
+                      fix_zh="把比较反过来：positions < lengths（True 表示真实 token），而不是 positions >= lengths")]
     if not torch.equal(m, expected):
-        return [Finding(Pitfall.GENERAL, "build_padding_mask marks the wrong positions",
-                        f"for lengths {lengths} and t={t}, key j of sequence b is real when j < lengths[b].")]
+        return [found(Pitfall.GENERAL, "build_padding_mask marks the wrong positions",
+                      f"for lengths {lengths} and t={t}, key j of sequence b is real when j < lengths[b].",
+                      fix="compare torch.arange(t)[None, :] < lengths[:, None]", fix_zh="比较 torch.arange(t)[None, :] < lengths[:, None]")]
     return []
 
 
@@ -119,21 +125,27 @@ def _diagnose_masked_softmax(fn: Any) -> list[Finding]:
         return [problem]
     expected = reference_masked_softmax(scores, mask)
     if not isinstance(w, torch.Tensor) or w.shape != expected.shape:
-        return [Finding(Pitfall.GENERAL, "masked_softmax returns the wrong shape", f"expected {list(expected.shape)} (the scores' shape).")]
+        return [found(Pitfall.GENERAL, "masked_softmax returns the wrong shape", f"expected {list(expected.shape)} (the scores' shape), "
+                      f"got {shape_of(w)}.",
+                      fix="mask the scores (they broadcast with the mask), then softmax(dim=-1): same shape as the scores",
+                      fix_zh="先对分数做掩码（它们与掩码广播），再 softmax(dim=-1)：形状与分数相同")]
     if torch.allclose(w, reference_masked_softmax(scores, ~mask), atol=1e-5):
-        return [Finding(Pitfall.MASK, "masked_softmax uses the inverted mask",
-                        "Block where mask is False: scores.masked_fill(~mask, float('-inf')).")]
+        return [found(Pitfall.MASK, "masked_softmax uses the inverted mask",
+                      "the weights sit on the padded keys: it blocks where mask is True.",
+                      fix="block where mask is False: scores.masked_fill(~mask, float('-inf'))",
+                      fix_zh="在 mask 为 False 处屏蔽：scores.masked_fill(~mask, float('-inf'))")]
     if torch.allclose(w, scores.softmax(-1) * mask, atol=1e-5) or torch.allclose(w, scores.softmax(-1).masked_fill(~mask, 0), atol=1e-5):
-        return [Finding(Pitfall.MASK, "masked_softmax applies the mask after the softmax",
-                        "Zeroing weights after the softmax leaves rows that no longer sum to one. "
-                        "Fill the blocked scores with -inf before the softmax.")]
+        return [found(Pitfall.MASK, "masked_softmax applies the mask after the softmax",
+                      "Zeroing weights after the softmax leaves rows that no longer sum to one.")]
     if not bool((w[~mask.expand_as(w)] == 0).all()):
-        return [Finding(Pitfall.MASK, "masked_softmax leaves weight on padded keys",
-                        "Blocked weights must be exactly 0: use float('-inf') (not a large negative number) before the softmax.")]
+        return [found(Pitfall.MASK, "masked_softmax leaves weight on padded keys", "blocked weights must be exactly 0.",
+                      fix="fill the blocked scores with float('-inf'), not a large negative number, before the softmax",
+                      fix_zh="在 softmax 之前把被屏蔽的分数填成 float('-inf')，而不是一个很大的负数")]
     if not torch.allclose(w, expected, atol=1e-5):
-        return [Finding(Pitfall.GENERAL, "masked_softmax gives wrong weights",
-                        differs("masked_softmax(scores, mask)", w, expected, f"scores {list(scores.shape)}, mask {list(mask.shape)}")
-                        + " (softmax over the last axis, the keys, after masking).")]
+        return [found(Pitfall.GENERAL, "masked_softmax gives wrong weights",
+                      differs("masked_softmax(scores, mask)", w, expected, f"scores {list(scores.shape)}, mask {list(mask.shape)}") + ".",
+                      fix="scores.masked_fill(~mask, float('-inf')).softmax(dim=-1): the softmax over the keys, after masking",
+                      fix_zh="scores.masked_fill(~mask, float('-inf')).softmax(dim=-1)：先掩码，再在键的维度上做 softmax")]
     return []
 
 
@@ -148,15 +160,20 @@ def _diagnose_renormalise(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(r, torch.Tensor) or r.shape != weights.shape:
-        return [Finding(Pitfall.GENERAL, "renormalise returns the wrong shape", f"expected {list(weights.shape)}.")]
+        return [found(Pitfall.GENERAL, "renormalise returns the wrong shape", f"expected {list(weights.shape)}, got {shape_of(r)}.",
+                      fix="keep the weights' shape: w = weights * mask, then w / w.sum(dim=-1, keepdim=True)",
+                      fix_zh="保持权重的形状：w = weights * mask，然后 w / w.sum(dim=-1, keepdim=True)")]
     if torch.allclose(r, weights * mask, atol=1e-6):
-        return [Finding(Pitfall.MASK, "renormalise does not rescale the rows",
-                        "After zeroing the blocked weights, divide each row by its new sum so it adds up to one again.")]
+        return [found(Pitfall.MASK, "renormalise does not rescale the rows",
+                      "after zeroing the blocked weights the rows no longer add up to one.",
+                      fix="divide each row by its new sum: w / w.sum(dim=-1, keepdim=True)",
+                      fix_zh="每行除以它新的和：w / w.sum(dim=-1, keepdim=True)")]
     if not torch.allclose(r, reference_renormalise(weights, mask), atol=1e-6):
-        return [Finding(Pitfall.GENERAL, "renormalise gives wrong values",
-                        differs("renormalise(weights, mask)", r, reference_renormalise(weights, mask),
-                                f"weights {list(weights.shape)}, mask {list(mask.shape)}")
-                        + ": zero where mask is False, then divide by the row sum (dim=-1, keepdim=True).")]
+        return [found(Pitfall.GENERAL, "renormalise gives wrong values",
+                      differs("renormalise(weights, mask)", r, reference_renormalise(weights, mask),
+                              f"weights {list(weights.shape)}, mask {list(mask.shape)}") + ".",
+                      fix="zero where mask is False, then divide by the row sum (dim=-1, keepdim=True)",
+                      fix_zh="在 mask 为 False 处置零，然后除以行和（dim=-1, keepdim=True）")]
     return []
 
 

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings
-from .validators import close, differs, has_keys, seconds, shape_of, shapes
+from .validators import close, differs, has_keys, how_off, seconds, shape_of, shapes
 
 __all__ = ["maps_sum_to_one", "PROBES", "timing_problem", "timing_record", "reference_parameter_count", "reference_head_weights",
            "diagnose"]
@@ -155,16 +155,25 @@ def _diagnose_count(fn: Any) -> list[Finding]:
         want = reference_parameter_count(dim, heads, bias)
         if n == want:
             continue
-        hints = {
-            4 * dim * dim: "that is the weights only: with bias=True each Linear also has one bias per output.",
-            3 * dim * dim + 3 * dim: "that is qkv only: add the output projection proj (D -> D).",
-            4 * dim * dim + 4 * dim: "bias=False means no bias terms at all.",
-            (4 * dim * dim + (4 * dim if bias else 0)) // heads: "the head count does not divide the parameters: the heads share "
-                                                                 "the D x 3D projection, each uses a slice of it.",
+        hints = {  # what the count holds: (evidence, fix, fix_zh)
+            4 * dim * dim: ("that is the weights only", "with bias=True add one bias per output of each Linear: 3D + D",
+                            "bias=True 时，每个 Linear 的每个输出还有一个偏置：再加 3D + D"),
+            3 * dim * dim + 3 * dim: ("that is qkv only", "add the output projection proj (D -> D): D·D + D",
+                                      "加上输出投影 proj（D -> D）：D·D + D"),
+            4 * dim * dim + 4 * dim: ("those are the bias terms that bias=False leaves out",
+                                      "with bias=False count the weights only: 4·D·D",
+                                      "bias=False 时只数权重：4·D·D"),
+            (4 * dim * dim + (4 * dim if bias else 0)) // heads: (
+                "the count is divided by the head count",
+                "do not divide by heads: the heads share the D x 3D projection, each uses a slice",
+                "不要除以头数：各个头共享 D x 3D 的投影，每个头只用其中一片"),
         }
-        hint = hints.get(n, "count qkv: weight [3D, D] + bias [3D], and proj: weight [D, D] + bias [D].")
-        return [Finding(Pitfall.GENERAL, "mha_parameter_count gives a wrong count",
-                        f"dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}; {hint}")]
+        evidence, fix, fix_zh = hints.get(n, ("", "count qkv: weight [3D, D] + bias [3D], and proj: weight [D, D] + bias [D]",
+                                              "分别数 qkv：权重 [3D, D] + 偏置 [3D]，以及 proj：权重 [D, D] + 偏置 [D]"))
+        how = how_off(n, want) if isinstance(n, int) else ""
+        return [found(Pitfall.GENERAL, "mha_parameter_count gives a wrong count",
+                      f"dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}{how}{'; ' + evidence if evidence else ''}.",
+                      fix=fix, fix_zh=fix_zh)]
     return []
 
 
@@ -191,25 +200,34 @@ def _diagnose_timing(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(steady, float) or not math.isfinite(steady) or steady <= 0:
-        return [Finding(Pitfall.GENERAL, "time_forward must return a positive float", f"got {steady!r}; return seconds per call.")]
+        return [found(Pitfall.GENERAL, "time_forward must return a positive float", f"got {steady!r}.",
+                      fix="return the median seconds per call as a float", fix_zh="以 float 返回每次调用耗时的中位数（秒）")]
     call = statistics.median(probe.inner[-12:]) if len(probe.inner) >= 12 else 0.003  # what one call took, measured inside it
     if steady >= 500 * call:
-        return [Finding(Pitfall.COLD_TIMING, "time_forward returns milliseconds",
-                        "return seconds (time.perf_counter() differences) per call.")]
+        return [found(Pitfall.COLD_TIMING, "time_forward returns milliseconds",
+                      f"a module that sleeps 3 ms per call measured {steady:.4g}, about 1000× its time in seconds.",
+                      fix="return seconds: time.perf_counter() differences, not multiplied by 1000",
+                      fix_zh="返回秒：直接用 time.perf_counter() 的差值，不要乘以 1000")]
     if steady < 0.9 * call:
-        return [Finding(Pitfall.COLD_TIMING, "time_forward measures too little",
-                        f"a module that sleeps 3 ms per call measured {steady * 1e3:.2f} ms: time each call (and synchronise).")]
+        return [found(Pitfall.COLD_TIMING, "time_forward measures too little",
+                      f"a module that sleeps 3 ms per call measured {steady * 1e3:.2f} ms.",
+                      fix="time each call around model(x) itself (and synchronise on a GPU)",
+                      fix_zh="对每次 model(x) 调用本身计时（在 GPU 上还要同步）")]
     if len(probe.inner) >= 12 and steady >= 0.5 * sum(probe.inner[-12:]):
-        return [Finding(Pitfall.COLD_TIMING, "time_forward returns the total, not the time per call",
-                        f"a module that sleeps 3 ms per call measured {steady:.4f} s: take the median of the per-call times.")]
+        return [found(Pitfall.COLD_TIMING, "time_forward returns the total, not the time per call",
+                      f"a module that sleeps 3 ms per call measured {steady:.4f} s.",
+                      fix="time each call on its own and return the median of the per-call times",
+                      fix_zh="分别为每次调用计时，返回这些时间的中位数")]
     slow = _Sleepy(max(0.2, 100 * max(probe.inner, default=0.003)), 0.001)
     cold, problem = call_student("time_forward", fn, slow, x, repeats=5, warmup=1)
     if problem:
         return [problem]
     if isinstance(cold, float) and slow.inner and cold >= 0.5 * sum(slow.inner) / len(slow.inner):
-        return [Finding(Pitfall.COLD_TIMING, "the first (cold) call dominates time_forward",
-                        f"a module whose first call takes {slow.inner[0] * 1e3:.0f} ms and later ones 1 ms measured "
-                        f"{cold * 1e3:.1f} ms per call: run `warmup` untimed calls first and report the median.")]
+        return [found(Pitfall.COLD_TIMING, "the first (cold) call dominates time_forward",
+                      f"a module whose first call takes {slow.inner[0] * 1e3:.0f} ms and later ones 1 ms measured "
+                      f"{cold * 1e3:.1f} ms per call.",
+                      fix="run `warmup` untimed calls first, then report the median of the timed ones",
+                      fix_zh="先运行 `warmup` 次不计时的调用，再报告计时调用的中位数")]
     return []
 
 
@@ -227,8 +245,12 @@ def _diagnose_maps(fn: Any) -> list[Finding]:
             return [problem]
         ref = mha(x, return_weights=True)[1]
         if not isinstance(w, torch.Tensor) or tuple(w.shape) != tuple(ref.shape):
-            return [Finding(Pitfall.ORIENTATION, "per_head_weights returns the wrong shape",
-                            f"expected [B, H, T, T] = {list(ref.shape)}, got {shape_of(w)}.")]
+            return [found(Pitfall.ORIENTATION, "per_head_weights returns the wrong shape",
+                          f"expected [B, H, T, T] = {list(ref.shape)}, got {shape_of(w)}.",
+                          fix="split the heads with view(B, T, H, d_head).transpose(1, 2), then "
+                              "softmax(q @ k.transpose(-2, -1) / sqrt(d_head), dim=-1)",
+                          fix_zh="用 view(B, T, H, d_head).transpose(1, 2) 拆分头，再算 "
+                                 "softmax(q @ k.transpose(-2, -1) / sqrt(d_head), dim=-1)")]
         if torch.allclose(w, ref, atol=1e-5):
             return []
         q, k, _ = mha.qkv(x).chunk(3, dim=-1)
@@ -236,28 +258,31 @@ def _diagnose_maps(fn: Any) -> list[Finding]:
         qh = q.view(b, t, h, d // h).transpose(1, 2)
         kh = k.view(b, t, h, d // h).transpose(1, 2)
         raw = qh @ kh.transpose(-2, -1)
-        variants = [
-            (raw.softmax(-1), Pitfall.SCALE, "missing scaling", "divide the scores by sqrt(d_head) = sqrt(mha.head_dim)."),
+        by_sqrt = ("divide the scores by math.sqrt(mha.head_dim), one head's width",
+                   "把分数除以 math.sqrt(mha.head_dim)，即一个头的宽度")
+        variants = [  # (weights, pitfall, title, evidence, (fix, fix_zh))
+            (raw.softmax(-1), Pitfall.SCALE, "missing scaling", "the scores are not scaled at all.", by_sqrt),
             ((raw / (d // h)).softmax(-1), Pitfall.SCALE, "scores divided by d_head instead of sqrt(d_head)",
-             f"with d_head = {d // h} the scale is 1/sqrt(d_head) = 1/{math.sqrt(d // h):.3g}, not 1/d_head = 1/{d // h}: "
-             "divide by math.sqrt(mha.head_dim)."),
+             f"with d_head = {d // h} the scale is 1/sqrt(d_head) = 1/{math.sqrt(d // h):.3g}, not 1/d_head = 1/{d // h}.", by_sqrt),
             ((raw / d).softmax(-1), Pitfall.SCALE, "scores divided by the model width D",
-             "the scale is 1/sqrt(d_head) with d_head = mha.head_dim, not 1/D."),
+             f"the scale is 1/sqrt(d_head) = 1/{math.sqrt(d // h):.3g} with d_head = mha.head_dim, not 1/D = 1/{d}.", by_sqrt),
             ((raw / math.sqrt(d)).softmax(-1), Pitfall.SCALE, "scaled by the model width",
-             "scale by 1/sqrt(d_head) (one head's width), not 1/sqrt(D)."),
+             f"the scale is 1/sqrt(d_head) = 1/{math.sqrt(d // h):.3g} (one head's width), not 1/sqrt(D) = 1/{math.sqrt(d):.3g}.", by_sqrt),
             ((raw / math.sqrt(d // h)).softmax(-2), Pitfall.ORIENTATION, "softmax over the wrong axis",
-             "normalise over the keys, the last axis: softmax(dim=-1)."),
+             "each column sums to one, not each row: the softmax ran over the queries.",
+             ("normalise over the keys, the last axis: softmax(dim=-1)", "在键的维度（最后一个轴）上归一化：softmax(dim=-1)")),
             ((q.reshape(b, h, t, d // h) @ k.reshape(b, h, t, d // h).transpose(-2, -1) / math.sqrt(d // h)).softmax(-1),
-             Pitfall.VIEW_AFTER_TRANSPOSE,             "heads split with the wrong reshape",
-             "[B, T, D] -> [B, H, T, d_head] needs view(B, T, H, d_head).transpose(1, 2); view(B, H, T, d_head) mixes tokens "
-             "and channels."),
+             Pitfall.VIEW_AFTER_TRANSPOSE, "heads split with the wrong reshape",
+             "view(B, H, T, d_head) of a [B, T, D] tensor mixes tokens and channels.",
+             ("split with view(B, T, H, d_head).transpose(1, 2)", "用 view(B, T, H, d_head).transpose(1, 2) 拆分")),
         ]
-        for cand, pitfall, title, msg in variants:
+        for cand, pitfall, title, evidence, (fix, fix_zh) in variants:
             if torch.allclose(w, cand, atol=1e-5):
-                return [Finding(pitfall, f"per_head_weights: {title}", msg)]
-        return [Finding(Pitfall.GENERAL, "per_head_weights gives wrong weights",
-                        differs("per_head_weights(mha, x)", w, ref, f"MultiHeadAttention({d}, {h}) and x {list(x.shape)}")
-                        + "; compare with mha(x, return_weights=True)[1] and print each intermediate shape.")]
+                return [found(pitfall, f"per_head_weights: {title}", evidence, fix=fix, fix_zh=fix_zh)]
+        return [found(Pitfall.GENERAL, "per_head_weights gives wrong weights",
+                      differs("per_head_weights(mha, x)", w, ref, f"MultiHeadAttention({d}, {h}) and x {list(x.shape)}") + ".",
+                      fix="compare with mha(x, return_weights=True)[1] and print each intermediate shape",
+                      fix_zh="与 mha(x, return_weights=True)[1] 对比，并打印每一步中间结果的形状")]
 
 
 # ---- the judges on fresh inputs (the self-check's copy of the grader's verdict) ------------------
@@ -313,6 +338,7 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     problems, then the grader's judges on fresh inputs for every task without one. Never raises."""
     by_task = {gid: check_parts(namespace, [part]) for gid, part in TASKS.items()}
     if "results" not in namespace:
-        by_task["ex03_results"] = [Finding(Pitfall.GENERAL, "results is missing", "Run Task 3d's cell to fill results.")]
+        by_task["ex03_results"] = [Finding(Pitfall.GENERAL, "results is missing", "the notebook holds no results.",
+                                           fix="run Task 3d's cell to fill results", fix_zh="运行任务 3d 的单元来填充 results")]
     findings = [f for fs in by_task.values() for f in fs]
     return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])

@@ -7,13 +7,14 @@ submodule names as :class:`tinytf.TransformerBlock`), ``train_curve(block_factor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped, with_cause
@@ -130,14 +131,17 @@ def _diagnose_block(name: str, cls: Any, norm: str) -> list[Finding]:
         with torch.no_grad():  # random LayerNorm affine parameters so that every parameter matters
             for p in ref.parameters():
                 p.add_(0.1 * torch.randn_like(p))
-    findings = [Finding(f.pitfall, f"{name}: {f.title}", f.message) for f in diagnose_block(lambda: cls(dim, heads, tokens))]
+    findings = [dataclasses.replace(f, title=f"{name}: {f.title}") for f in diagnose_block(lambda: cls(dim, heads, tokens))]
     mine, want = list(block.state_dict()), list(ref.state_dict())
     if mine != want:
         missing = [k for k in want if k not in mine]
         extra = [k for k in mine if k not in want]
-        findings.append(Finding(Pitfall.GENERAL, f"{name}: parameter names differ from tinytf.TransformerBlock",
-                                f"missing {missing or 'none'}, unexpected {extra or 'none'}; use the submodules norm1, attn "
-                                "(tinytf.CausalSelfAttention), norm2, ffn (Sequential(Linear, GELU, Linear))."))
+        findings.append(found(Pitfall.GENERAL, f"{name}: parameter names differ from tinytf.TransformerBlock",
+                              f"missing {missing or 'none'}, unexpected {extra or 'none'}.",
+                              fix="keep the submodules norm1, attn (tinytf.CausalSelfAttention), norm2, "
+                                  "ffn (Sequential(Linear, GELU, Linear))",
+                              fix_zh="保留子模块 norm1、attn（tinytf.CausalSelfAttention）、norm2、"
+                                     "ffn（Sequential(Linear, GELU, Linear)）"))
     if findings:
         return findings
     other = "post" if norm == "pre" else "pre"
@@ -153,14 +157,36 @@ def _diagnose_block(name: str, cls: Any, norm: str) -> list[Finding]:
         return [Finding(Pitfall.GENERAL, f"{name} raises when run", f"{type(err).__name__}: {err}")]
     if torch.allclose(y, want_y, atol=1e-5):
         return []
+    layout = ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))" if norm == "pre" else "x = norm1(x + attn(x)); x = norm2(x + ffn(x))")
     if torch.allclose(y, other_y, atol=1e-5):
-        return [Finding(Pitfall.GENERAL, f"{name} computes the {other}-norm layout",
-                        f"with tinytf's weights it matches TransformerBlock(norm='{other}'). {name} must compute "
-                        + ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))." if norm == "pre"
-                           else "x = norm1(x + attn(x)); x = norm2(x + ffn(x))."))]
-    return [Finding(Pitfall.GENERAL, f"{name} differs from tinytf.TransformerBlock(norm='{norm}')",
-                    differs(f"{name}(x) with that block's weights", y, want_y, f"x {list(x.shape)}")
-                    + ". Compare the steps one by one (attn, ffn with GELU, the norms).")]
+        return [found(Pitfall.GENERAL, f"{name} computes the {other}-norm layout",
+                      f"with tinytf's weights it matches TransformerBlock(norm='{other}').",
+                      fix=f"{name}.forward computes {layout}", fix_zh=f"{name}.forward 计算 {layout}")]
+    named = _name_block_mistake(block, ref, x, y, name, layout)
+    if named:
+        return [named]
+    return [found(Pitfall.GENERAL, f"{name} differs from tinytf.TransformerBlock(norm='{norm}')",
+                  differs(f"{name}(x) with that block's weights", y, want_y, f"x {list(x.shape)}") + ".",
+                  fix="compare the steps one by one (attn, ffn with GELU, the norms) with tinytf.TransformerBlock",
+                  fix_zh="与 tinytf.TransformerBlock 逐步对比（attn、带 GELU 的 ffn、各个 norm）")]
+
+
+def _name_block_mistake(block: Any, ref: Any, x: torch.Tensor, y: torch.Tensor, name: str, layout: str) -> Finding | None:
+    """A block that runs with tinytf's weights but computes something else: the activation, or the norm on the branch."""
+    acts = sorted({type(m).__name__ for m in block.ffn.modules() if isinstance(m, (torch.nn.ReLU, torch.nn.SiLU, torch.nn.Tanh))})
+    if acts:
+        return found(Pitfall.GENERAL, f"{name}: the feed-forward net uses {acts[0]}, not GELU",
+                     f"{name}.ffn holds {acts[0]}; tinytf.TransformerBlock's ffn is Sequential(Linear, GELU, Linear), so the "
+                     "outputs differ with the same weights.",
+                     fix=f"build the ffn with nn.GELU() instead of nn.{acts[0]}()", fix_zh=f"构造 ffn 时用 nn.GELU() 代替 nn.{acts[0]}()")
+    with torch.no_grad():
+        h = x + ref.norm1(ref.attn(x))
+        branch = h + ref.norm2(ref.ffn(h))
+    if torch.allclose(y, branch, atol=1e-5):
+        return found(Pitfall.GENERAL, f"{name} normalises the branch, not the residual sum",
+                     f"{name}(x) = x + norm1(attn(x)), then + norm2(ffn(·)): the norms sit on the branches.",
+                     fix=f"normalise the sum: {layout}", fix_zh=f"对残差和做归一化：{layout}")
+    return None
 
 
 def _diagnose_train(fn: Any) -> list[Finding]:
@@ -179,12 +205,14 @@ def _diagnose_train(fn: Any) -> list[Finding]:
     try:
         _curve(a, 2, "train_curve(...)")
     except AssertionError as err:
-        return [Finding(Pitfall.GENERAL, "train_curve returns the wrong structure",
-                        f"{err}; return {{'loss': [...], 'grad_norm': [...]}}.")]
+        return [found(Pitfall.GENERAL, "train_curve returns the wrong structure", f"{err}.",
+                      fix="return {'loss': [...], 'grad_norm': [...]}, one float per step",
+                      fix_zh="返回 {'loss': [...], 'grad_norm': [...]}，每步一个 float")]
     if not same_curve(a, b):
-        return [Finding(Pitfall.GENERAL, "train_curve is not reproducible",
-                        "two runs with the same seed differ: call torch.manual_seed(seed) before building the model and draw "
-                        "the batches from torch.Generator().manual_seed(seed).")]
+        return [found(Pitfall.GENERAL, "train_curve is not reproducible", "two runs with the same seed differ.",
+                      fix="call torch.manual_seed(seed) before building the model, and draw the batches from "
+                          "torch.Generator().manual_seed(seed)",
+                      fix_zh="在构造模型之前调用 torch.manual_seed(seed)，并从 torch.Generator().manual_seed(seed) 抽取批次")]
     return []
 
 
@@ -251,7 +279,8 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
         by_task["ex04_post_block"] = check_parts(namespace, [("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post"))])
     by_task["ex04_train"] = check_parts(namespace, [("train_curve", _diagnose_train)])
     if "curves" not in namespace:
-        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, "curves is missing", "Run Task 4d's cell to fill curves.")]
+        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, "curves is missing", "the notebook holds no curves.",
+                                              fix="run Task 4d's cell to fill curves", fix_zh="运行任务 4d 的单元来填充 curves")]
     findings = [f for fs in by_task.values() for f in fs]
     judged = judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
     if by_task["ex04_train"]:  # Task 4d's curves come from the student's train_curve: say so when they fail

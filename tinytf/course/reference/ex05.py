@@ -60,8 +60,24 @@ def _judge_cross(value: Any, x: torch.Tensor, context: torch.Tensor, mask: torch
               reference="tinytf.MultiHeadAttention", given=shapes(x=x, context=context, mask=m, heads=int(heads)))
 
 
+PROBE_INPUTS = ("src", "tgt", "lengths")
+UNCHANGED_FIX = "clone the input before changing it"
+
+
+def changed_inputs(given: dict[str, torch.Tensor], after: dict[str, Any]) -> list[str]:
+    """The names of the probe's inputs (``src``, ``tgt``, ``lengths``) whose values after the calls differ from ``given``."""
+    return [name for name in PROBE_INPUTS if not (isinstance(after.get(name), torch.Tensor) and after[name].shape == given[name].shape
+                                                  and torch.equal(after[name].cpu(), given[name].cpu()))]
+
+
 @judge("ex05_encdec")
-def _judge_encdec(value: Any, src: torch.Tensor, tgt: torch.Tensor, lengths: torch.Tensor, dim: int, heads: int) -> None:
+def _judge_encdec(value: Any, src: torch.Tensor, tgt: torch.Tensor, lengths: torch.Tensor, dim: int, heads: int,
+                  after: dict[str, Any]) -> None:
+    """``src``, ``tgt``, ``lengths``: what the probe was given; ``after``: the same tensors after both calls."""
+    has_keys(after, PROBE_INPUTS, "the record of the probe's inputs after the calls")
+    changed = changed_inputs({"src": src, "tgt": tgt, "lengths": lengths}, after)
+    assert not changed, (f"probe_encoder_decoder changed its input {' and '.join(changed)}: after the calls it no longer holds "
+                         f"the values passed in, so the probe measures its own edit, not the model; {UNCHANGED_FIX}")
     has_keys(value, ("good", "leaky"), "the record of the probes of both models")
     assert bool((lengths < src.size(1)).all()), "every hidden sequence is padded"
     good, leaky = (has_keys(value[which], PROBE_KEYS, f"probe_encoder_decoder's result ({which} model)") for which in ("good", "leaky"))
@@ -84,7 +100,9 @@ def _diagnose_cross(cls: Any) -> list[Finding]:
         return [problem]
     names = ("q_proj", "k_proj", "v_proj", "out_proj")
     if not all(isinstance(getattr(cross, n, None), torch.nn.Linear) for n in names):
-        return [Finding(Pitfall.GENERAL, "CrossAttention lost its layers", f"keep the given __init__: it defines {', '.join(names)}.")]
+        return [found(Pitfall.GENERAL, "CrossAttention lost its layers", f"CrossAttention(12, 3) has no nn.Linear {', '.join(names)}.",
+                      fix=f"keep the given __init__: it defines {', '.join(names)}",
+                      fix_zh=f"保留给定的 __init__：它定义了 {', '.join(names)}")]
     w = mha.qkv.weight.detach().chunk(3)
     bias = mha.qkv.bias.detach().chunk(3)
     with torch.no_grad():
@@ -100,25 +118,31 @@ def _diagnose_cross(cls: Any) -> list[Finding]:
             return [_explain_crash(cross, x, problem)]
         expected = mha(x, context=ctx)
         if not isinstance(out, torch.Tensor) or out.shape != expected.shape:
-            return [Finding(Pitfall.ORIENTATION, "CrossAttention returns the wrong shape",
-                            f"expected [B, Tq, D] = {list(expected.shape)}, got {shape_of(out)}.")]
+            return [found(Pitfall.ORIENTATION, "CrossAttention returns the wrong shape",
+                          f"for x [2, 3, 12] and context [2, 5, 12] expected [B, Tq, D] = {list(expected.shape)}, got {shape_of(out)}.",
+                          fix="merge the heads with out.transpose(1, 2).reshape(B, Tq, D), then out_proj",
+                          fix_zh="用 out.transpose(1, 2).reshape(B, Tq, D) 合并各头，再做 out_proj")]
         if not torch.allclose(out, expected, atol=1e-4):
             return [_explain_difference(cross, x, ctx, out, expected)]
         masked, problem = call_student("CrossAttention.forward with a padding mask", cross, x, ctx, pad)
         if problem:
             return [problem]
         if not torch.allclose(masked, mha(x, context=ctx, mask=pad), atol=1e-4):
-            return [Finding(Pitfall.MASK, "CrossAttention ignores or misuses the mask", "pass mask on to attention(q, k, v, mask).")]
+            return [found(Pitfall.MASK, "CrossAttention ignores or misuses the mask",
+                          "with a padding mask [2, 1, 1, 5] it differs from tinytf.MultiHeadAttention(x, context, mask).",
+                          fix="pass mask on, unchanged, to attention(q, k, v, mask)", fix_zh="把 mask 原样传给 attention(q, k, v, mask)")]
     return []
 
 
 def _explain_difference(cross: Any, x: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor, expected: torch.Tensor) -> Finding:
     """Name what differs when CrossAttention runs but disagrees with tinytf.MultiHeadAttention."""
-    return Finding(Pitfall.GENERAL, "CrossAttention differs from the reference",
-                   differs("CrossAttention(x, context) with the weights of tinytf.MultiHeadAttention", out, expected,
-                           shapes(x=x, context=ctx))
-                   + ". Check: q from x, k and v from context; split heads with view(B, T, H, d).transpose(1, 2); "
-                   "merge with transpose(1, 2).reshape(B, Tq, D); then out_proj.")
+    return found(Pitfall.GENERAL, "CrossAttention differs from the reference",
+                 differs("CrossAttention(x, context) with the weights of tinytf.MultiHeadAttention", out, expected,
+                         shapes(x=x, context=ctx)) + ".",
+                 fix="q from x, k and v from context; split heads with view(B, T, H, d).transpose(1, 2); "
+                     "merge with transpose(1, 2).reshape(B, Tq, D); then out_proj",
+                 fix_zh="q 来自 x，k 和 v 来自 context；用 view(B, T, H, d).transpose(1, 2) 拆分头；"
+                        "用 transpose(1, 2).reshape(B, Tq, D) 合并；最后 out_proj")
 
 
 def _explain_crash(cross: Any, x: torch.Tensor, problem: Finding) -> Finding:
@@ -128,16 +152,19 @@ def _explain_crash(cross: Any, x: torch.Tensor, problem: Finding) -> Finding:
                      f"forward(x [2, 3, 12], context [2, 5, 12]) raised: {problem.message}")
     _, same_length = call_student("CrossAttention.forward", cross, x, x)
     if same_length is None:  # works when Tq == Tk: the lengths are mixed up
-        return Finding(Pitfall.ORIENTATION, "CrossAttention mixes up Tq and Tk",
-                       f"forward works when context has as many tokens as x, but with x [2, 3, 12] and context [2, 5, 12] "
-                       f"it raised {problem.message}. Split q with Tq = x.size(1) and k, v with Tk = context.size(1).")
+        return found(Pitfall.ORIENTATION, "CrossAttention mixes up Tq and Tk",
+                     f"forward works when context has as many tokens as x, but with x [2, 3, 12] and context [2, 5, 12] "
+                     f"it raised {problem.message}.",
+                     fix="split q with Tq = x.size(1) and k, v with Tk = context.size(1)",
+                     fix_zh="拆分 q 时用 Tq = x.size(1)，拆分 k、v 时用 Tk = context.size(1)")
     return problem
 
 
 def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     model_cls = namespace.get("TinyEncoderDecoder")
     if model_cls is None:
-        return [Finding(Pitfall.GENERAL, "TinyEncoderDecoder is missing", "keep the given model cell (run it before the probe).")]
+        return [found(Pitfall.GENERAL, "TinyEncoderDecoder is missing", "the probe needs the model the notebook defines.",
+                      fix="keep the given model cell and run it before the probe", fix_zh="保留给定的模型单元，并在探针之前运行它")]
     torch.manual_seed(7)
     good = model_cls(12, 3).eval()
     leaky = model_cls(12, 3, leaky=True).eval()
@@ -148,17 +175,18 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     p_good, problem = call_student("probe_encoder_decoder", fn, good, src, tgt, lengths)
     if problem:
         return [problem]
-    changed = [name for name, t in zip(given, (src, tgt, lengths)) if not torch.equal(t, given[name])]
+    changed = changed_inputs(given, {"src": src, "tgt": tgt, "lengths": lengths})
     if changed:  # the model is correct: whatever the probe then reports comes from its own edit, not from a leak
         return [found(Pitfall.GENERAL, f"probe_encoder_decoder changes its input {' and '.join(changed)}",
                       f"after the call {', '.join(changed)} no longer hold{'s' if len(changed) == 1 else ''} the values passed in: "
                       "the probe writes into the caller's tensor, so its 'changed' and 'unchanged' runs see the same edited "
                       "input and its numbers describe the edit, not the model.",
-                      fix="clone the input before changing it: src2 = src.clone(), then edit src2",
+                      fix=f"{UNCHANGED_FIX}: src2 = src.clone(), then edit src2",
                       fix_zh="先克隆输入再修改：src2 = src.clone()，然后修改 src2")]
     if not isinstance(p_good, dict) or not set(PROBE_KEYS) <= set(p_good):
-        return [Finding(Pitfall.GENERAL, "probe_encoder_decoder returns the wrong thing",
-                        "return {'encoder_effect': float, 'padding_leak': float}.")]
+        return [found(Pitfall.GENERAL, "probe_encoder_decoder returns the wrong thing", f"it returned {type(p_good).__name__}.",
+                      fix="return {'encoder_effect': float, 'padding_leak': float}",
+                      fix_zh="返回 {'encoder_effect': float, 'padding_leak': float}")]
     p_leaky, problem = call_student("probe_encoder_decoder", fn, leaky, src, tgt, lengths)
     if problem:
         return [problem]
@@ -166,16 +194,25 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     try:
         effect, leak_good, leak_bad = float(p_good["encoder_effect"]), float(p_good["padding_leak"]), float(p_leaky["padding_leak"])
     except (TypeError, ValueError, KeyError):
-        return [Finding(Pitfall.GENERAL, "probe_encoder_decoder returns non-numbers", "both entries must be floats (use float(...)).")]
+        return [found(Pitfall.GENERAL, "probe_encoder_decoder returns non-numbers", "both entries must be numbers.",
+                      fix="convert each with float(...)", fix_zh="用 float(...) 转换每一项")]
     if not effect > 1e-4:
-        findings.append(Finding(Pitfall.GENERAL, "the probe sees no encoder effect",
-                                "replace the REAL encoder positions (t < lengths[b]) of src by new random values and compare the outputs."))
+        findings.append(found(Pitfall.GENERAL, "the probe sees no encoder effect",
+                              f"encoder_effect = {effect:.3g} on a correct model, which reads its encoder.",
+                              fix="replace the REAL encoder positions (t < lengths[b]) of a clone of src by new random values and "
+                                  "compare the outputs",
+                              fix_zh="把 src 的克隆中真实的编码器位置（t < lengths[b]）换成新的随机值，再比较输出"))
     if not leak_good < 1e-5:
-        findings.append(Finding(Pitfall.MASK, "the probe reports a leak on a correct model",
-                                "change only the PADDED positions (t >= lengths[b]); keep the real ones exactly as they are."))
+        findings.append(found(Pitfall.GENERAL, "the probe reports a leak on a correct model",
+                              f"padding_leak = {leak_good:.3g} on a model that masks its padding: the probe changes more than the padding.",
+                              fix="change only the PADDED positions (t >= lengths[b]) of a clone of src; keep the real ones "
+                                  "exactly as they are",
+                              fix_zh="只修改 src 克隆中被填充的位置（t >= lengths[b]）；真实位置保持完全不变"))
     if not leak_bad > 1e-4:
-        findings.append(Finding(Pitfall.MASK, "the probe misses a model that ignores padding",
-                                "padding_leak must measure the change when only padded encoder positions change: max |out - out_changed|."))
+        findings.append(found(Pitfall.GENERAL, "the probe misses a model that ignores padding",
+                              f"padding_leak = {leak_bad:.3g} on the leaky model, whose output does change with the padding.",
+                              fix="padding_leak = max |out - out_changed| when only the padded encoder positions change",
+                              fix_zh="padding_leak = 只改变被填充的编码器位置时的 max |out - out_changed|"))
     return findings
 
 
@@ -231,8 +268,10 @@ def _probe_encdec(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[s
     leaky.load_state_dict(good.state_dict())
     src, tgt = torch.randn(b, tk, dim, generator=gen), torch.randn(b, tq, dim, generator=gen)
     fn = ns["probe_encoder_decoder"]
-    value = {"good": fn(good, src, tgt, lengths), "leaky": fn(leaky, src, tgt, lengths)}
-    return value, {"src": src, "tgt": tgt, "lengths": lengths, "dim": dim, "heads": heads}
+    after = {"src": src.clone(), "tgt": tgt.clone(), "lengths": lengths.clone()}  # what the probe gets (and may change)
+    given = (after["src"], after["tgt"], after["lengths"])
+    value = {"good": fn(good, *given), "leaky": fn(leaky, *given)}
+    return value, {"src": src, "tgt": tgt, "lengths": lengths, "dim": dim, "heads": heads, "after": after}
 
 
 PROBES: dict[str, Probe] = {"ex05_attention": _probe_attention, "ex05_cross": _probe_cross, "ex05_encdec": _probe_encdec}

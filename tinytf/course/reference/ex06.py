@@ -15,12 +15,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ..judges import judge
 from . import Probe, call_student, judge_findings, swapped
 from .ex05 import named_findings
-from .validators import has_keys, positive
+from .validators import has_keys, how_off, positive
 
 __all__ = ["reference_saved_bytes", "saved_bytes", "diagnose", "PROBES"]
 
@@ -96,7 +96,12 @@ def _judge_saved(value: Any, batch: int, heads: int, tokens: int, head_dim: int)
     for key, (fn, *args) in cases.items():
         got = value[key]
         assert isinstance(got, int) and not isinstance(got, bool), f"saved_tensor_bytes must return an int ({key}: {type(got).__name__})"
-        assert got in reference_saved_bytes(fn, *args), f"saved_tensor_bytes counts the wrong number of bytes ({key})"
+        right = reference_saved_bytes(fn, *args)
+        assert got in right, (f"saved_tensor_bytes counts the wrong number of bytes ({key}): {got}, should be {right[0]}"
+                              + how_off(got, right[0], suspects=_SAVED_SUSPECTS))
+
+
+_SAVED_SUSPECTS = {"elements are counted, not bytes (t.numel() without t.element_size() = 4 for float32)": 0.25}
 
 
 @judge("ex06_bench")
@@ -118,7 +123,9 @@ def _judge_bench(value: Any, ts: list[int], heads: int, head_dim: int) -> None:
     for t in ts:
         for name in ("explicit", "sdpa"):
             expected = reference_saved_bytes(paths[name], *_qkv(1, int(heads), t, int(head_dim)), True)
-            assert int(fresh[name][t]["saved_bytes"]) in expected, f"fresh benchmark: {name} T={t} saved_bytes differs from the reference"
+            got = int(fresh[name][t]["saved_bytes"])
+            assert got in expected, (f"fresh benchmark: {name} T={t} saved_bytes = {got} differs from the reference {expected[0]}"
+                                     + how_off(got, expected[0], suspects=_SAVED_SUSPECTS))
     assert all(g > 2.5 for g in _growth(fresh["explicit"], "saved_bytes")), "explicit saved bytes must grow ~4x per doubling of T"
 
 
@@ -131,23 +138,30 @@ def _diagnose_saved(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(n, int) or isinstance(n, bool):
-        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes must return an int",
-                        f"got {type(n).__name__}; add t.numel() * t.element_size().")]
+        return [found(Pitfall.GENERAL, "saved_tensor_bytes must return an int", f"got {type(n).__name__}.",
+                      fix="add up the int t.numel() * t.element_size() of each saved tensor",
+                      fix_zh="把每个被保存张量的 t.numel() * t.element_size()（整数）加起来")]
     if n == 15:
-        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes counts elements, not bytes",
-                        "multiply t.numel() by t.element_size() (4 for float32).")]
+        return [found(Pitfall.GENERAL, "saved_tensor_bytes counts elements, not bytes",
+                      f"x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how_off(n, 60)}.",
+                      fix="multiply t.numel() by t.element_size() (4 for float32)",
+                      fix_zh="把 t.numel() 乘以 t.element_size()（float32 为 4）")]
     if n != 60:
-        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes counts the wrong bytes",
-                        f"x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}. "
-                        "Add t.numel() * t.element_size() in the pack hook and return the tensor unchanged.")]
+        return [found(Pitfall.GENERAL, "saved_tensor_bytes counts the wrong bytes",
+                      f"x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how_off(n, 60)}.",
+                      fix="add t.numel() * t.element_size() in the pack hook and return the tensor unchanged",
+                      fix_zh="在 pack hook 中累加 t.numel() * t.element_size()，并原样返回张量")]
     q, k, v = _qkv(1, 2, 32, 8)
     explicit = _paths()["explicit"]
     n, problem = call_student("saved_tensor_bytes", fn, explicit, q, k, v, True)
     if problem:
         return [problem]
     if n not in reference_saved_bytes(explicit, q, k, v, True):
-        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes is wrong on attention",
-                        "count every tensor the pack hook receives while fn(*args) runs (pass *args through to fn).")]
+        right = reference_saved_bytes(explicit, q, k, v, True)[0]
+        return [found(Pitfall.GENERAL, "saved_tensor_bytes is wrong on attention",
+                      f"the explicit causal path on q, k, v [1, 2, 32, 8] saves {right} bytes; you counted {n}{how_off(n, right)}.",
+                      fix="count every tensor the pack hook receives while fn(*args) runs (pass *args through to fn)",
+                      fix_zh="统计 fn(*args) 运行期间 pack hook 收到的每个张量（把 *args 原样传给 fn）")]
     return []
 
 
@@ -160,12 +174,21 @@ def _diagnose_bench(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     try:
         rows = _rows(res, [32, 64], "benchmark_attention((32, 64))")
     except AssertionError as err:
-        return [Finding(Pitfall.GENERAL, "benchmark_attention returns the wrong structure", str(err))]
+        return [found(Pitfall.GENERAL, "benchmark_attention returns the wrong structure", f"{err}.",
+                      fix="return {'conditions': {...}, 'explicit': {T: row}, 'sdpa': {T: row}} with the row keys "
+                          "saved_bytes, peak_bytes, ms, tokens_per_s",
+                      fix_zh="返回 {'conditions': {...}, 'explicit': {T: row}, 'sdpa': {T: row}}，每行包含 "
+                             "saved_bytes、peak_bytes、ms、tokens_per_s")]
     if not isinstance(res.get("conditions"), dict) or not all(key in res["conditions"] for key in CONDITION_KEYS):
-        return [Finding(Pitfall.COLD_TIMING, "benchmark_attention does not record its conditions",
-                        f"a number without its conditions cannot be compared: record {', '.join(CONDITION_KEYS)}.")]
+        return [found(Pitfall.COLD_TIMING, "benchmark_attention does not record its conditions",
+                      "a number without its conditions cannot be compared.",
+                      fix=f"return them under 'conditions': {', '.join(CONDITION_KEYS)}",
+                      fix_zh=f"在 'conditions' 中记录：{', '.join(CONDITION_KEYS)}")]
     if rows["explicit"][64]["saved_bytes"] <= rows["explicit"][32]["saved_bytes"]:
-        return [Finding(Pitfall.GENERAL, "saved bytes do not grow with T", "measure each T on its own q, k, v of length T.")]
+        return [found(Pitfall.GENERAL, "saved bytes do not grow with T",
+                      f"explicit saved {rows['explicit'][32]['saved_bytes']} bytes at T=32 and "
+                      f"{rows['explicit'][64]['saved_bytes']} at T=64.",
+                      fix="measure each T on its own q, k, v of length T", fix_zh="每个 T 都用它自己长度为 T 的 q、k、v 来测量")]
     return _causal_findings(rows, res["conditions"])
 
 
@@ -178,10 +201,11 @@ def _causal_findings(rows: dict[str, dict[int, dict[str, float]]], conditions: d
         if got in causal:
             continue
         what = "without the causal mask" if got in plain and not set(plain) & set(causal) else "on something else"
-        findings.append(Finding(Pitfall.MASK, f"benchmark_attention measures {name} {what}",
-                                f"benchmark_attention((32, 64), causal=True) records mask={conditions.get('mask')!r}, but {name} at "
-                                f"T=64 saved {got:,d} bytes; with is_causal=True it saves {causal[0]:,d}. Pass causal on: "
-                                f"fn(q, k, v, causal) for both paths."))
+        findings.append(found(Pitfall.MASK, f"benchmark_attention measures {name} {what}",
+                              f"benchmark_attention((32, 64), causal=True) records mask={conditions.get('mask')!r}, but {name} at "
+                              f"T=64 saved {got:,d} bytes{how_off(got, causal[0])}; with is_causal=True it saves {causal[0]:,d}.",
+                              fix="pass causal on to both paths: fn(q, k, v, causal)",
+                              fix_zh="把 causal 传给两条路径：fn(q, k, v, causal)"))
     return findings
 
 

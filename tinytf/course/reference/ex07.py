@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ..judges import judge
 from . import call_student, judge_findings
 from .ex05 import named_findings
 from .ex07_probes import PROBES
-from .validators import close, has_keys, shape_of, shapes, should_be, tensor
+from .validators import close, has_keys, how_off, shape_of, shapes, should_be, tensor
 
 __all__ = ["reference_two_step", "diagnose", "PROBES"]
 
@@ -63,7 +63,11 @@ def _judge_cache(value: Any, layers: int, writes: list[dict[str, Any]]) -> None:
             t = tensor(got[key], ref.shape, f"update #{i + 1} returned {key}", dtype=None)
             assert torch.equal(t, ref), f"update #{i + 1}: the returned {key} is not the old entries followed by the new ones (dim=2)"
     lengths = [0 if k is None else k.size(2) for k in k_ref]
-    assert list(value["lengths"]) == lengths, f"lengths should be {lengths}, got {value['lengths']}"
+    got = list(value["lengths"])
+    wrong = next(((i, g, w) for i, (g, w) in enumerate(zip(got, lengths)) if g != w), None)
+    off = how_off(wrong[1], wrong[2], step=("token", 1)) if wrong else ""
+    how = f" (layer {wrong[0]}{off})" if off else ""
+    assert got == lengths, f"lengths should be {lengths}, got {value['lengths']}{how}"
 
 
 @judge("ex07_step")
@@ -110,27 +114,36 @@ def _diagnose_cache(cls: Any) -> list[Finding]:
     second, problem = call_student("SimpleKVCache.update", cache.update, 0, k1, v1)
     if problem:
         if "Sizes of tensors must match" in problem.message:  # torch.cat along the wrong axis
-            return [Finding(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
-                            f"appending 1 token to 3 failed ({problem.message}). k, v are [B, H, T, d_head]: append along time, dim=2.")]
+            return [found(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
+                          f"appending 1 token to 3 failed ({problem.message}).",
+                          fix="append along time: torch.cat([k[layer], k_new], dim=2) (k, v are [B, H, T, d_head])",
+                          fix_zh="沿时间轴追加：torch.cat([k[layer], k_new], dim=2)（k、v 的形状是 [B, H, T, d_head]）")]
         return [problem]
     if not (isinstance(second, tuple) and len(second) == 2 and all(isinstance(t, torch.Tensor) for t in second)):
-        return [Finding(Pitfall.GENERAL, "update must return (k, v)", "return the two tensors of everything cached for that layer.")]
+        return [found(Pitfall.GENERAL, "update must return (k, v)", f"it returned {type(second).__name__}.",
+                      fix="return the two tensors of everything cached for that layer: return k[layer], v[layer]",
+                      fix_zh="返回这一层缓存的全部内容这两个张量：return k[layer], v[layer]")]
     k_all = second[0]
     if tuple(k_all.shape) == (1, 2, 1, 4):
-        return [Finding(Pitfall.KV_CACHE, "update returns only the new entries",
-                        "a decode step must attend over ALL cached keys: concatenate the old and new entries and return them.")]
+        return [found(Pitfall.KV_CACHE, "update returns only the new entries",
+                      "after 3 + 1 tokens it returned [1, 2, 1, 4]: a decode step must attend over ALL cached keys.",
+                      fix="concatenate the old and new entries, store them and return them: torch.cat([k[layer], k_new], dim=2)",
+                      fix_zh="把旧条目和新条目拼接起来，存下并返回：torch.cat([k[layer], k_new], dim=2)")]
     if tuple(k_all.shape) != (1, 2, 4, 4):
-        return [Finding(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
-                        f"k, v are [B, H, T, d_head]: append along time (dim=2); after 3 + 1 tokens expected [1, 2, 4, 4], "
-                        f"got {list(k_all.shape)}.")]
+        return [found(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
+                      f"after 3 + 1 tokens expected [1, 2, 4, 4], got {list(k_all.shape)}.",
+                      fix="append along time: torch.cat([k[layer], k_new], dim=2) (k, v are [B, H, T, d_head])",
+                          fix_zh="沿时间轴追加：torch.cat([k[layer], k_new], dim=2)（k、v 的形状是 [B, H, T, d_head]）")]
     for name, got, old, new in (("k", k_all, k0, k1), ("v", second[1], v0, v1)):
         wrong = _wrong_entries(name, got, old, new)
         if wrong:
             return [wrong]
     lengths = cache.lengths
     if list(lengths) != [4, 0]:
-        return [Finding(Pitfall.GENERAL, "the cache's lengths are wrong",
-                        f"after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.")]
+        return [found(Pitfall.GENERAL, "the cache's lengths are wrong",
+                      f"after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.",
+                      fix="lengths[layer] = k[layer].size(2), 0 for a layer with nothing cached",
+                      fix_zh="lengths[layer] = k[layer].size(2)，没有缓存的层为 0")]
     return []
 
 
@@ -140,15 +153,19 @@ def _wrong_entries(name: str, got: Any, old: torch.Tensor, new: torch.Tensor) ->
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, expected):
         return None
     if isinstance(got, torch.Tensor) and got.shape == new.shape and torch.equal(got, new):
-        return Finding(Pitfall.KV_CACHE, f"update overwrites {name} instead of appending",
-                       f"after 3 + 1 tokens the returned {name} should be [1, 2, 4, 4] (old entries, then the new one), got only "
-                       f"the new entry {list(got.shape)}: {name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2).")
+        return found(Pitfall.KV_CACHE, f"update overwrites {name} instead of appending",
+                     f"after 3 + 1 tokens the returned {name} should be [1, 2, 4, 4] (old entries, then the new one), got only "
+                     f"the new entry {list(got.shape)}.",
+                     fix=f"{name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2)",
+                     fix_zh=f"{name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2)")
+    cat = f"torch.cat([{name}[layer], {name}_new], dim=2)"
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, torch.cat([new, old], dim=2)):
-        return Finding(Pitfall.KV_CACHE, f"update puts the new {name} before the old ones",
-                       f"time runs along dim=2: torch.cat([{name}[layer], {name}_new], dim=2), old entries first.")
-    return Finding(Pitfall.KV_CACHE, f"update returns the wrong {name}",
-                   f"after 3 + 1 tokens {name} should be [1, 2, 4, 4] = torch.cat([old, new], dim=2) of the {name} tensors "
-                   f"passed in (first entries {expected.flatten()[:3].tolist()}), got {shape_of(got)}.")
+        return found(Pitfall.KV_CACHE, f"update puts the new {name} before the old ones", "time runs along dim=2, old entries first.",
+                     fix=f"{cat}: old entries first", fix_zh=f"{cat}：旧条目在前")
+    return found(Pitfall.KV_CACHE, f"update returns the wrong {name}",
+                 f"after 3 + 1 tokens {name} should be [1, 2, 4, 4] = torch.cat([old, new], dim=2) of the {name} tensors "
+                 f"passed in (first entries {expected.flatten()[:3].tolist()}), got {shape_of(got)}.",
+                 fix=f"store and return {cat}, the tensors passed in, unchanged", fix_zh=f"存下并返回 {cat}，即传入的张量本身，不做修改")
 
 
 # a cached step's own fix: the catalog's square ones(T, T).tril() is exactly the mask that is wrong here
@@ -206,8 +223,10 @@ def _diagnose_step(fn: Any) -> list[Finding]:
         if problem:
             return [problem]
         if not isinstance(pre, torch.Tensor) or pre.shape != (2, 4, 12):
-            return [Finding(Pitfall.ORIENTATION, "attention_step returns the wrong shape",
-                            f"a prefill of 4 tokens should give [2, 4, 12], got {shape_of(pre)}.")]
+            return [found(Pitfall.ORIENTATION, "attention_step returns the wrong shape",
+                          f"a prefill of 4 tokens should give [2, 4, 12], got {shape_of(pre)}.",
+                          fix="merge the heads with out.transpose(1, 2).reshape(B, t, D), then attn.proj",
+                          fix_zh="用 out.transpose(1, 2).reshape(B, t, D) 合并各头，再做 attn.proj")]
         steps = []
         for i in (4, 5):
             out, problem = call_student("attention_step (decode)", fn, attn, x[:, i : i + 1], cache)
@@ -224,10 +243,13 @@ def _diagnose_step(fn: Any) -> list[Finding]:
         return [named]
     where = "the prefill (positions 0..3)" if not pre_ok else "the decode step at position " + ("4" if not torch.allclose(
         steps[0], full[:, 4:5], atol=1e-4) else "5")
-    return [Finding(Pitfall.GENERAL, "attention_step differs from the full pass",
-                    f"with a CausalSelfAttention(12, 3), x [2, 6, 12], a prefill of 4 tokens and two decode steps, {where} differs "
-                    f"from attn(x). Project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by "
-                    "1/sqrt(head_dim), mask with tinytf.causal_mask(t, past + t), softmax over the keys, merge heads, attn.proj.")]
+    return [found(Pitfall.GENERAL, "attention_step differs from the full pass",
+                  f"with a CausalSelfAttention(12, 3), x [2, 6, 12], a prefill of 4 tokens and two decode steps, {where} differs "
+                  "from attn(x).",
+                  fix="project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by 1/sqrt(head_dim), mask with "
+                      "tinytf.causal_mask(t, past + t), softmax over the keys, merge heads, attn.proj",
+                  fix_zh="只用 attn.qkv 投影 x_new，拆分头，cache.update(layer, k, v)，乘以 1/sqrt(head_dim)，用 "
+                         "tinytf.causal_mask(t, past + t) 做掩码，在键上做 softmax，合并头，attn.proj")]
 
 
 def _diagnose_chunk(fn: Any, attn: torch.nn.Module, x: torch.Tensor, full: torch.Tensor) -> list[Finding]:
@@ -268,8 +290,10 @@ def _diagnose_recompute(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not _same_steps(res, ids, logits):
-        return [Finding(Pitfall.GENERAL, "generate_two_step_recompute is wrong",
-                        "run the model on the whole prefix, take logits[:, -1], argmax, append; twice.")]
+        return [found(Pitfall.GENERAL, "generate_two_step_recompute is wrong",
+                      "its tokens or logits differ from two greedy steps that recompute the whole prefix.",
+                      fix="run the model on the whole prefix, take logits[:, -1], argmax, append; twice",
+                      fix_zh="在整个前缀上运行模型，取 logits[:, -1]，argmax，追加；重复两次")]
     return []
 
 
@@ -282,12 +306,16 @@ def _diagnose_cached(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if cache.seen > prompt.size(1) + 1:
-        return [Finding(Pitfall.KV_CACHE, "step 2 feeds more than the new token",
-                        f"after the loop the cache holds {cache.seen} tokens, expected {prompt.size(1) + 1}: with a cache, "
-                        "step 2 runs the model on the ONE token chosen in step 1.")]
+        return [found(Pitfall.KV_CACHE, "step 2 feeds more than the new token",
+                      f"after the loop the cache holds {cache.seen} tokens, expected {prompt.size(1) + 1}"
+                      f"{how_off(cache.seen, prompt.size(1) + 1, step=('token', 1))}.",
+                      fix="with a cache, step 2 runs the model on the ONE token chosen in step 1: model(token[:, None], cache=cache)",
+                      fix_zh="有了缓存，第 2 步只把第 1 步选出的那一个 token 送进模型：model(token[:, None], cache=cache)")]
     if not _same_steps(res, ids, logits):
-        return [Finding(Pitfall.GENERAL, "generate_two_step differs from recomputing the prefix",
-                        "prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache).")]
+        return [found(Pitfall.GENERAL, "generate_two_step differs from recomputing the prefix",
+                      "its tokens or logits differ from two greedy steps that recompute the whole prefix.",
+                      fix="prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache)",
+                      fix_zh="先用 model(prompt, cache=cache) 预填充，对最后的 logits 取 argmax，再 model(token, cache=cache)")]
     return []
 
 

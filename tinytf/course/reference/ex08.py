@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ..judges import judge
 from . import call_student, judge_findings, stub_or, with_cause
@@ -166,21 +166,27 @@ def _diagnose_vocab(ns: dict[str, Any]) -> list[Finding]:
     if problem:
         return [problem]
     if not (isinstance(res, tuple) and len(res) == 2):
-        return [Finding(Pitfall.GENERAL, "build_vocab must return (stoi, itos)", "a dict char -> id and the list of characters.")]
+        return [found(Pitfall.GENERAL, "build_vocab must return (stoi, itos)", f"it returned {type(res).__name__}.",
+                      fix="return a dict char -> id and the list of characters: return stoi, itos",
+                      fix_zh="返回字符到 id 的字典和字符列表：return stoi, itos")]
     stoi, itos = res
     if list(itos) != sorted(set(text)):
-        return [Finding(Pitfall.GENERAL, "itos is not the sorted distinct characters",
-                        "use sorted(set(text)): the ids must not depend on the order of the text.")]
+        return [found(Pitfall.GENERAL, "itos is not the sorted distinct characters",
+                      f"for {text!r} itos is {list(itos)!r}: the ids must not depend on the order of the text.",
+                      fix="itos = sorted(set(text))", fix_zh="itos = sorted(set(text))")]
     ids, problem = call_student("encode", ns["encode"], text, stoi)
     if problem:
         return [problem]
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.tolist() != [itos.index(c) for c in text]:
-        return [Finding(Pitfall.GENERAL, "encode gives the wrong ids", "return torch.tensor([stoi[ch] for ch in text], dtype=torch.long).")]
+        return [found(Pitfall.GENERAL, "encode gives the wrong ids", f"encode({text!r}) gave {ids!r}.",
+                      fix="return torch.tensor([stoi[ch] for ch in text], dtype=torch.long)",
+                      fix_zh="return torch.tensor([stoi[ch] for ch in text], dtype=torch.long)")]
     back, problem = call_student("decode", ns["decode"], ids, itos)
     if problem:
         return [problem]
     if back != text:
-        return [Finding(Pitfall.GENERAL, "decode does not invert encode", "join itos[int(i)] for every id.")]
+        return [found(Pitfall.GENERAL, "decode does not invert encode", f"decode(encode({text!r})) gave {back!r}.",
+                      fix="return ''.join(itos[int(i)] for i in ids)", fix_zh="return ''.join(itos[int(i)] for i in ids)")]
     return []
 
 
@@ -190,10 +196,13 @@ def _diagnose_batch(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != (40, 6):
-        return [Finding(Pitfall.GENERAL, "get_batch returns the wrong shape", f"expected [batch, block] = [40, 6], got {shape_of(x)}.")]
+        return [found(Pitfall.GENERAL, "get_batch returns the wrong shape", f"expected [batch, block] = [40, 6], got {shape_of(x)}.",
+                      fix="stack batch rows of block tokens each: torch.stack([data[s : s + block] for s in starts])",
+                      fix_zh="把 batch 行、每行 block 个 token 堆叠起来：torch.stack([data[s : s + block] for s in starts])")]
     if not all(torch.equal(r, torch.arange(int(r[0]), int(r[0]) + 6)) for r in x):
-        return [Finding(Pitfall.GENERAL, "get_batch rows are not consecutive tokens",
-                        "row i is data[s : s + block] for a random offset s.")]
+        return [found(Pitfall.GENERAL, "get_batch rows are not consecutive tokens",
+                      "on data = arange(50) a row is not a run of consecutive numbers.",
+                      fix="row i is data[s : s + block] for a random offset s", fix_zh="第 i 行是 data[s : s + block]，s 是随机偏移")]
     return []
 
 
@@ -210,17 +219,25 @@ def _diagnose_lr(fn: Any) -> list[Finding]:
         if all(abs(float(a) - b) < 1e-9 for a, b in zip(got, ref)):
             return []
         if abs(float(got[0])) < 1e-12:
-            return [Finding(Pitfall.GENERAL, "the warm-up starts at zero", "step 0 already trains: use max_lr * (step + 1) / warmup.")]
+            return [found(Pitfall.GENERAL, "the warm-up starts at zero", "cosine_lr(0) = 0, but step 0 already trains.",
+                          fix="use max_lr * (step + 1) / warmup during the warm-up", fix_zh="预热阶段用 max_lr * (step + 1) / warmup")]
         if abs(float(got[-1]) - sched["min_lr"]) > 1e-9:
             return [
-                Finding(Pitfall.GENERAL, "the schedule does not end at min_lr",
-                        "after total steps return min_lr; the cosine goes from max_lr to min_lr.")
+                found(Pitfall.GENERAL, "the schedule does not end at min_lr",
+                      f"cosine_lr(23) with total=20 gave {got[-1]!r}, should be min_lr = {sched['min_lr']}.",
+                      fix="after total steps return min_lr; the cosine goes from max_lr to min_lr",
+                      fix_zh="超过 total 步后返回 min_lr；余弦从 max_lr 降到 min_lr")
             ]
     except (TypeError, ValueError):
-        return [Finding(Pitfall.GENERAL, "cosine_lr must return a float", "return a number, not a tensor or a list.")]
+        return [found(Pitfall.GENERAL, "cosine_lr must return a float", f"it returned {type(got[0]).__name__}.",
+                      fix="return a number (float), not a tensor or a list", fix_zh="返回一个数（float），而不是张量或列表")]
     return [
-        Finding(Pitfall.GENERAL, "cosine_lr is off the schedule",
-                "check the warm-up, p = (step - warmup) / (total - warmup) and the cosine formula.")
+        found(Pitfall.GENERAL, "cosine_lr is off the schedule",
+              "max_lr=1, min_lr=0.1, warmup=4, total=20: step "
+              + next(f"{s} gave {float(a)!r}, should be {b!r}" for s, (a, b) in enumerate(zip(got, ref)) if not abs(float(a) - b) < 1e-9)
+              + ".",
+              fix="min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * p)) with p = (step - warmup) / (total - warmup)",
+              fix_zh="min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * p))，其中 p = (step - warmup) / (total - warmup)")
     ]
 
 
@@ -229,7 +246,6 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
     from pathlib import Path
 
     from tinytf import TinyLanguageModel
-    from tinytf.checks import Finding
 
     torch.manual_seed(21)
     model = TinyLanguageModel(vocab=13, dim=8, heads=2, layers=1, max_tokens=8).eval()
@@ -244,36 +260,41 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
             raw = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any failure to read the file is the finding
             return [
-                Finding(
-                    Pitfall.GENERAL,
-                    "the checkpoint cannot be read with torch.load(weights_only=True)",
-                    f"store plain data only, e.g. with tinytf.save_checkpoint ({type(err).__name__}).",
-                )
+                found(Pitfall.GENERAL, "the checkpoint cannot be read with torch.load(weights_only=True)",
+                      f"torch.load raised {type(err).__name__}.",
+                      fix="store plain data only (state dicts, numbers), e.g. with tinytf.save_checkpoint",
+                      fix_zh="只保存普通数据（state dict、数字），例如用 tinytf.save_checkpoint")
             ]
         res, problem = call_student("load_checkpoint", ns["load_checkpoint"], path, "cpu")
         if problem:
             return [problem]
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.nn.Module)):
-        return [Finding(Pitfall.GENERAL, "load_checkpoint must return (model, checkpoint)",
-                        "the restored TinyLanguageModel and the tinytf.Checkpoint.")]
+        return [found(Pitfall.GENERAL, "load_checkpoint must return (model, checkpoint)", f"it returned {type(res).__name__}.",
+                      fix="return the restored TinyLanguageModel and the tinytf.Checkpoint",
+                      fix_zh="返回恢复的 TinyLanguageModel 和 tinytf.Checkpoint")]
     restored = res[0]
     findings = []
     if restored.training:
-        findings.append(Finding(Pitfall.TRAIN_EVAL, "the restored model is in training mode", "call .eval() before using it for outputs."))
+        findings.append(found(Pitfall.TRAIN_EVAL, "the restored model is in training mode",
+                              "load_checkpoint returned a model with model.training = True: dropout would stay on.",
+                              fix="call model.eval() on the restored model before returning it",
+                              fix_zh="在返回之前对恢复的模型调用 model.eval()"))
     ids = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(22))
     with torch.no_grad():
         if not torch.equal(restored.eval()(ids), model(ids)):
             findings.append(
-                Finding(Pitfall.GENERAL, "the restored model gives different outputs",
-                        "save model.state_dict() and load it with strict=True.")
+                found(Pitfall.GENERAL, "the restored model gives different outputs",
+                      "in eval mode its logits differ from the saved model's.",
+                      fix="save model.state_dict() and load it with strict=True", fix_zh="保存 model.state_dict()，并用 strict=True 加载")
             )
     missing = sorted({"config", "model", "optimizer", "scheduler", "step"} - set(raw if isinstance(raw, dict) else ()))
     if missing:
-        hint = f"it lacks {missing}: pass the optimizer, the scheduler and step= to tinytf.save_checkpoint."
-        findings.append(Finding(Pitfall.GENERAL, "the checkpoint is incomplete", hint))
+        findings.append(found(Pitfall.GENERAL, "the checkpoint is incomplete", f"it lacks {missing}.",
+                              fix="pass the optimizer, the scheduler and step= to tinytf.save_checkpoint",
+                              fix_zh="把优化器、调度器和 step= 一起传给 tinytf.save_checkpoint"))
     elif raw["step"] != 3:
-        findings.append(Finding(Pitfall.GENERAL, "the checkpoint stores the wrong step",
-                                f"store the step it was given (3), not {raw['step']!r}."))
+        findings.append(found(Pitfall.GENERAL, "the checkpoint stores the wrong step", f"saved with step=3, it stores {raw['step']!r}.",
+                              fix="store the step it was given", fix_zh="保存传入的那个 step"))
     return findings
 
 
@@ -289,7 +310,9 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
         (("save_checkpoint", "load_checkpoint"), "ex08_ckpt", lambda *_: _diagnose_ckpt(namespace)),
     ])
     if not callable(namespace.get("train")):
-        findings.append(Finding(Pitfall.GENERAL, "train is missing", "Define train(...) in the notebook (keep its name and signature)."))
+        findings.append(Finding(Pitfall.GENERAL, "train is missing", "the notebook defines no train(...).",
+                                fix="define train(...) in the notebook (keep its name and signature) and run its cell",
+                                fix_zh="在 notebook 中定义 train(...)（保留它的名字和签名），并运行该单元"))
         covered.add("ex08_train")
     judged = judge_findings(namespace, PROBES, covered=covered)
     wrong = earlier_parts_wrong(namespace) if "ex08_train" not in covered else []

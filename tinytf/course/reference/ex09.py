@@ -19,7 +19,7 @@ from tinytf.checks import Finding
 from ..judges import judge
 from . import Probe, judge_findings, stub_or, swapped
 from .ex05 import named_findings
-from .validators import close, float_inputs, has_keys, shapes, tensor
+from .validators import close, float_inputs, has_keys, how_off, shapes, tensor
 
 __all__ = ["reference_fold", "diagnose", "PROBES", "MEMORY_FRACTION"]
 
@@ -116,7 +116,7 @@ def _judge_causal(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         want, total = tile_count(tq, tk, bq, bk), -(-tq // bq) * -(-tk // bk)
         assert got["computed"] == want, (
             f"causal_tiled_forward ({key}) computed {got['computed']!r} tiles for {given}; {want} of the {total} tiles hold a key "
-            "some query may see, the others lie wholly in the future and are skipped")
+            "some query may see, the others lie wholly in the future and are skipped" + how_off(got["computed"], want, step=("tile", 1)))
 
 
 # ---- probes: the judges' inputs, drawn afresh (by the hidden tests and by the self-check) ---------

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ..judges import judge
 from . import Probe, call_student, judge_findings, stub_or, swapped
 from .ex05 import named_findings
-from .validators import bool_mask, close, float_inputs, has_keys, shapes, tensor
+from .validators import bool_mask, close, float_inputs, has_keys, how_off, shapes, tensor
 
 __all__ = ["reference_expand_kv", "reference_cache_bytes", "diagnose", "PROBES"]
 
@@ -88,8 +88,17 @@ def _judge_cache(value: Any, args: list) -> None:
         call = (f"cache_bytes(batch={batch}, layers={layers}, kv_heads={kv_heads}, head_dim={head_dim}, tokens={tokens}, "
                 f"dtype_bytes={dtype_bytes}, window={window})")
         assert isinstance(got, int) and not isinstance(got, bool), f"{call} must return an int number of bytes, got {got!r}"
+        kept = tokens if window is None else min(tokens, window)
+        suspects = {f"dtype_bytes={dtype_bytes} looks ignored (2 bytes per number assumed)": 2 / dtype_bytes,
+                    f"dtype_bytes={dtype_bytes} looks ignored (1 byte per number assumed)": 1 / dtype_bytes,
+                    "only the keys (or only the values) are counted: the formula starts with 2 ·": 0.5,
+                    f"layers={layers} looks ignored": 1 / layers, f"batch={batch} looks ignored": 1 / batch,
+                    f"kv_heads={kv_heads} looks ignored": 1 / kv_heads, f"head_dim={head_dim} looks ignored": 1 / head_dim,
+                    f"the window looks ignored: {tokens} tokens counted, not min(tokens, window) = {kept}": tokens / kept}
+        one_token = 2 * layers * batch * kv_heads * head_dim * dtype_bytes
         assert got == want, (f"{call} = {got}, should be {want} = 2 (keys and values) · layers · batch · kv_heads · "
-                             f"min(tokens, window) · head_dim · dtype_bytes")
+                             f"min(tokens, window) · head_dim · dtype_bytes"
+                             + how_off(got, want, suspects=suspects, step=("token", one_token)))
 
 
 @judge("ex10_window")
@@ -175,16 +184,19 @@ PROBES: dict[str, Probe] = {"ex10_expand": _probe_expand, "ex10_grouped": _probe
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 _CACHE_ARGS = ((2, 4, 2, 16, 100, 2, None), (1, 3, 4, 8, 64, 4, 16), (3, 2, 1, 32, 10, 2, 50))
-_CACHE_MISTAKES = (
+_CACHE_MISTAKES = (  # (what it computes, pitfall, title, evidence, fix, fix_zh)
     (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, s, w) // 2, Pitfall.KV_CACHE, "only the keys are counted",
-     "cache_bytes is half the right size: the cache holds keys and values, so the formula starts with 2 ·."),
+     "cache_bytes is half the right size: the cache holds keys and values.",
+     "count keys and values: start the formula with 2 ·", "键和值都要算：公式以 2 · 开头"),
     (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, s), Pitfall.GENERAL, "the window does not cap the cache",
-     "with a window shorter than the sequence a rolling cache keeps only min(tokens, window) tokens per layer."),
+     "with a window shorter than the sequence a rolling cache keeps only min(tokens, window) tokens per layer.",
+     "count min(tokens, window) tokens when a window is given", "给定窗口时按 min(tokens, window) 个 token 计算"),
     (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t if w is None else w, s), Pitfall.GENERAL,
-     "the window is used even when the sequence is shorter",
-     "a cache never holds more tokens than were written: min(tokens, window), not window."),
+     "the window is used even when the sequence is shorter", "a cache never holds more tokens than were written.",
+     "count min(tokens, window) tokens, not window", "按 min(tokens, window) 个 token 计算，而不是 window"),
     (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, 2, w), Pitfall.GENERAL, "dtype_bytes is ignored",
-     "exactly half for a 4-byte dtype (and right for 2 bytes): dtype_bytes=4 looks ignored; multiply by dtype_bytes."),
+     "exactly half for a 4-byte dtype (and right for 2 bytes): dtype_bytes=4 looks ignored.",
+     "multiply by dtype_bytes instead of a fixed 2", "乘以 dtype_bytes，而不是固定的 2"),
 )
 
 
@@ -197,11 +209,11 @@ def _diagnose_cache(fn: Any) -> list[Finding]:
         got.append(out)
     if got == [reference_cache_bytes(*a) for a in _CACHE_ARGS]:
         return []
-    for wrong, pitfall, title, why in _CACHE_MISTAKES:
+    for wrong, pitfall, title, why, fix, fix_zh in _CACHE_MISTAKES:
         if all(g == wrong(*a) for g, a in zip(got, _CACHE_ARGS)):
             shown = next((i for i, a in enumerate(_CACHE_ARGS) if got[i] != reference_cache_bytes(*a)), 0)
-            return [Finding(pitfall, title, f"{why} cache_bytes{_CACHE_ARGS[shown]} gave {got[shown]}, should be "
-                                           f"{reference_cache_bytes(*_CACHE_ARGS[shown])}.")]
+            return [found(pitfall, title, f"{why} cache_bytes{_CACHE_ARGS[shown]} gave {got[shown]}, should be "
+                                         f"{reference_cache_bytes(*_CACHE_ARGS[shown])}.", fix=fix, fix_zh=fix_zh)]
     return []  # an unnamed mistake: the judge's message says what differs
 
 

@@ -18,8 +18,10 @@ from typing import Any, Literal
 
 import torch
 
+from tinytf.checks.findings import relation, shape_relation, tensor_relation
+
 __all__ = ["FLOATING", "tensor", "close", "float_inputs", "bool_mask", "number", "positive", "seconds", "has_keys", "shape_of", "differs",
-           "should_be", "shapes"]
+           "should_be", "shapes", "how_off"]
 
 FLOATING: Literal["floating"] = "floating"
 """``tensor(..., dtype=FLOATING)``: any floating-point dtype, every value finite (the default)."""
@@ -34,7 +36,7 @@ def tensor(value: Any, shape: Sequence[int] | None, what: str, *,
     """
     assert isinstance(value, torch.Tensor), f"{what} must be a tensor, got {type(value).__name__}"
     if shape is not None:
-        assert tuple(value.shape) == tuple(shape), f"{what} has shape {list(value.shape)}, expected {list(shape)}"
+        assert tuple(value.shape) == tuple(shape), f"{what} has shape {list(value.shape)}, expected {list(shape)}{_off(value.shape, shape)}"
     if isinstance(dtype, str):  # FLOATING
         assert value.is_floating_point(), f"{what} must be a floating-point tensor, got {value.dtype}"
         assert bool(torch.isfinite(value).all()), f"{what} contains inf or NaN"
@@ -45,12 +47,29 @@ def tensor(value: Any, shape: Sequence[int] | None, what: str, *,
 
 
 def close(value: torch.Tensor, expected: torch.Tensor, what: str, *, given: str = "", atol: float = 1e-5, rtol: float = 1e-4,
-          reference: str = "the reference") -> None:
+          reference: str = "the reference", suspects: dict[str, float] | None = None) -> None:
     """``value`` has the shape of ``expected`` and agrees with it (compared in float32): otherwise
-    "``what`` differs from ``reference``: for ``given`` (the input shapes) it should be … starting […]; yours is …"."""
-    assert tuple(value.shape) == tuple(expected.shape), f"{what} has shape {list(value.shape)}, expected {list(expected.shape)}"
-    assert torch.allclose(value.float(), expected.float(), atol=atol, rtol=rtol), (
-        f"{what} differs from {reference}: {should_be(value, expected, given)}")
+    "``what`` differs from ``reference``: for ``given`` (the input shapes) it should be … starting […]; yours is …",
+    and, when ``value`` is ``expected`` times a clean number, which (``suspects``: ``{meaning: ratio}``)."""
+    assert tuple(value.shape) == tuple(expected.shape), (
+        f"{what} has shape {list(value.shape)}, expected {list(expected.shape)}{_off(value.shape, expected.shape)}")
+    if not torch.allclose(value.float(), expected.float(), atol=atol, rtol=rtol):
+        how = tensor_relation(value, expected, suspects=suspects)
+        raise AssertionError(f"{what} differs from {reference}: {should_be(value, expected, given)}" + (f" — {how}" if how else ""))
+
+
+def _off(got: Sequence[int], want: Sequence[int]) -> str:
+    how = shape_relation(list(got), list(want))
+    return f" — {how}" if how else ""
+
+
+def how_off(got: Any, want: float, *, suspects: dict[str, float] | None = None, step: tuple[str, float] | None = None) -> str:
+    """For a message about a wrong number: " — exactly half the right value: dtype_bytes=4 looks ignored" when
+    ``got`` is a clean ratio or one ``step`` off ``want`` (:func:`tinytf.checks.findings.relation`), else ``""``."""
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return ""
+    how = relation(got, want, suspects=suspects, step=step)
+    return f" — {how}" if how else ""
 
 
 def float_inputs(*xs: Any, what: str = "the recorded inputs") -> list[torch.Tensor]:
