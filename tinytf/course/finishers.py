@@ -5,6 +5,7 @@ soon as their sandboxes have ended (:mod:`tinytf.course.finish` runs no student 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,6 @@ FINISH_MAIN = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().pa
 def lower_priority() -> None:
     """In a judging process before it starts: nice 10, so that while it imports and judges, the kernels
     of the sandboxes still running keep the CPU (a kernel starved on a busy machine misses its timeouts)."""
-    import os
-
     os.nice(10)
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,7 @@ def kernel_config() -> Any:
     curve`` (ipykernel >= 7), so the kernel's sockets are encrypted and it no longer logs
     "Kernel is running over TCP without encryption". Kernels that cannot are started as before.
     """
-    import uuid
-
-    import zmq
+    import zmq  # Jupyter's messaging and config: kept out of `import tinytf`
     from traitlets.config import Config
 
     c = Config()

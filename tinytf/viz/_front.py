@@ -13,9 +13,13 @@ one PNG, the value of an ``ipywidgets.Image`` (a single Agg draw, no ``bbox_inch
 from __future__ import annotations
 
 import os
+import struct
 import weakref
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..language import notebook_language
 
@@ -114,9 +118,7 @@ def render_png(fig: Any) -> bytes:
     blitted: the rest (axes, tick labels, colour bar) is drawn once and kept as a background, and
     each later call restores it and draws only those artists, in the order given.
     """
-    import numpy as np
-
-    from .glyphs import GlyphCacheCanvas
+    from .glyphs import GlyphCacheCanvas  # matplotlib's Agg: kept out of `import tinytf`
 
     canvas = fig.canvas if isinstance(fig.canvas, GlyphCacheCanvas) else GlyphCacheCanvas(fig)  # the same pixels as Agg
     parts = recall(fig)
@@ -137,11 +139,6 @@ def png_bytes(pixels: Any) -> bytes:
     about twice as fast as PIL's encoder at its fastest settings, whose adaptive filter choice per row
     costs more than the compression; the file is somewhat larger, which a kernel-to-browser message
     does not notice."""
-    import struct
-    import zlib
-
-    import numpy as np
-
     h, w, c = pixels.shape
     flat = np.ascontiguousarray(pixels, dtype=np.uint8).reshape(h, w * c)
     rows = np.empty((h, w * c + 1), np.uint8)
