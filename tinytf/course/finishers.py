@@ -34,6 +34,7 @@ class Finishers:
         for f in judge_files:
             cmd += ["--judge-file", f]
         clean_env = {k: v for k, v in env.items() if k != "TINYTF_RECORD_DIR"}
+        clean_env["TINYTF_LANG"] = "en"  # the gradebook's one language (feedback pages translate per submission)
         self.procs = []
         for k in range(jobs):
             with (work / f"finish-{k}.log").open("wb") as log:
