@@ -231,3 +231,16 @@ def test_the_checks_catch_a_drifted_exercise():
     assert EN.part.match("## Part A — the cache (3 points)") and ZH.part.match("## A 部分 — 缓存（3 分）")
     unhinted = ast.parse("def f(q, k: int) -> int:\n    return k\n").body[0]
     assert [a.arg for a in unhinted.args.args if a.annotation is None] == ["q"]
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.zh.md"])
+def test_the_readmes_exercise_table_gives_each_exercises_points(readme):
+    """The instructors' table (autograded, written, total per exercise) is the notebooks' own count."""
+    rows = re.findall(r"^\| (ex\d\d) [^|]+\| [^|]+\| (\d+) \| (\d+) \| (\d+) \|", (ROOT / readme).read_text(encoding="utf-8"), re.M)
+    assert len(rows) == EXPECTED_EXERCISES, f"{readme}: {len(rows)} rows in the exercise table, expected {EXPECTED_EXERCISES}"
+    for ex, auto, written, total in rows:
+        cells = _cells(next((ROOT / "solutions").glob(f"{ex}_*.ipynb")))
+        graded = [c for c in cells if _meta(c).get("grade")]
+        got = (sum(_meta(c)["points"] for c in graded if c["cell_type"] == "code"),
+               sum(_meta(c)["points"] for c in graded if c["cell_type"] == "markdown"))
+        assert (int(auto), int(written), int(total)) == (*got, sum(got)), f"{readme}: {ex} says {auto} + {written} = {total}, the notebook {got}"
