@@ -250,8 +250,10 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
         "l_stripped_metadata": (stripped(good), "missing-cell", 0),
         "m_edited_test": (edited(edited(good, "ex01_scores_answer", WRONG_SCORES), "ex01_scores", "assert True"), "tampered", 9),
         "n_monkeypatch": (prepend(edited(good, "ex01_softmax_answer", WRONG_SOFTMAX), PATCH_CHECKS), "tampered", 8),
+        # the hidden tests record through judged_record, not the notebook's name `record`: rebinding it stops no export,
+        # so the patched softmax is caught (tampered) and the honest answers keep their points
         "o_no_record": (prepend(edited(good, "ex01_softmax_answer", WRONG_SOFTMAX), PATCH_CHECKS + "\nrecord = lambda *a, **k: None"),
-                        "tampered", 0),
+                        "tampered", 8),
         "p_invalid_json": ('{"cells": [ this is not json', "unreadable", 0),
         "q_memory_hog": (prepend(good, "hog = bytearray(8 * 1024 ** 3)"), "failed", 10),
     }
