@@ -236,7 +236,7 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
     for i in range(8):  # students may add cells too: an infinite loop in every one of them
         loops = add_cell(loops, "while True:\n    pass", index=len(loops["cells"]) - 2 - i)
     cases: dict[str, tuple[Any, str, float]] = {
-        "a_correct": (good, "ok", 12),
+        "a_correct": (good, "needs-manual-grade", 12),  # every autograded point; the written answer waits
         "b_untouched": (rel1, "error", 0),
         "c_wrong": (edited(good, "ex01_scores_answer", WRONG_SCORES), "failed", 9),  # Task 1d runs on tinytf's scores
         "d_raises": (prepend(good, "raise RuntimeError('student code raised')"), "failed", 10),
@@ -244,14 +244,17 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
         "f_loop_everywhere": (loops, "timeout", 0),
         "g_sys_exit": (prepend(good, "import sys\nsys.exit(3)"), "failed", 10),
         "h_os_exit": (edited(good, "ex01_scores_answer", "import os\nos._exit(0)"), "error", 0),
-        "i prints megabytes (odd folder name)": (prepend(good, "print('x' * 3_000_000)\nfor i in range(30_000):\n    print(i)"), "ok", 12),
+        "i prints megabytes (odd folder name)": (prepend(good, "print('x' * 3_000_000)\nfor i in range(30_000):\n    print(i)"),
+                                                 "needs-manual-grade", 12),
         "j_deleted_test": (without_cell(good, "ex01_softmax"), "missing-cell", 8),
         "k_renamed_test": (renamed(good, "ex01_scores", "ex01_scores_mine"), "missing-cell", 9),
         "l_stripped_metadata": (stripped(good), "missing-cell", 0),
         "m_edited_test": (edited(edited(good, "ex01_scores_answer", WRONG_SCORES), "ex01_scores", "assert True"), "tampered", 9),
         "n_monkeypatch": (prepend(edited(good, "ex01_softmax_answer", WRONG_SOFTMAX), PATCH_CHECKS), "tampered", 8),
+        # the hidden tests record through judged_record, not the notebook's name `record`: rebinding it stops no export,
+        # so the patched softmax is caught (tampered) and the honest answers keep their points
         "o_no_record": (prepend(edited(good, "ex01_softmax_answer", WRONG_SOFTMAX), PATCH_CHECKS + "\nrecord = lambda *a, **k: None"),
-                        "tampered", 0),
+                        "tampered", 8),
         "p_invalid_json": ('{"cells": [ this is not json', "unreadable", 0),
         "q_memory_hog": (prepend(good, "hog = bytearray(8 * 1024 ** 3)"), "failed", 10),
     }
