@@ -5,9 +5,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..translation import _, current_language, ngettext
 from .catalog import Pitfall
 
-__all__ = ["Finding", "report", "found"]
+__all__ = ["Finding", "report", "found", "fix_sentence", "split_fix"]
+
+
+def fix_sentence(fix: str, lang: str | None = None) -> str:
+    """`` Fix: <fix>.`` in ``lang`` (the running notebook's by default), backticks dropped: how a message ends."""
+    return _(" Fix: {fix}.", lang).format(fix=fix.replace("`", ""))
+
+
+def split_fix(message: str) -> tuple[str, str]:
+    """``(evidence, fix)``: a finding's message cut where its fix sentence begins (in either language)."""
+    for lang in ("en", "zh"):
+        mark = _(" Fix: {fix}.", lang).split("{fix}", 1)[0]
+        if mark in message:
+            evidence, fix = message.split(mark, 1)
+            return evidence, fix
+    return message, ""
 
 
 @dataclass(frozen=True)
@@ -15,9 +31,10 @@ class Finding:
     """One diagnosed problem: ``pitfall`` (a :class:`Pitfall`; ``Pitfall.GENERAL`` = none of the
     named pitfalls), a short ``title`` and a ``message`` that explains the evidence and the fix.
 
-    ``fix`` (and its Chinese ``fix_zh``) is this finding's own one-line fix, printed instead of the
-    catalog's fix for ``pitfall`` where the catalog's would be wrong for what was found; empty = the
-    catalog's fix is the fallback."""
+    ``fix`` is this finding's own one-line fix, printed instead of the catalog's fix for ``pitfall`` where
+    the catalog's would be wrong for what was found; empty = the catalog's fix is the fallback. Title,
+    message and fix are said in the language of the notebook that ran the diagnosis (:mod:`tinytf.translation`);
+    ``fix_zh`` is an explicit Chinese fix kept for findings written before the message catalog."""
 
     pitfall: Pitfall
     title: str
@@ -29,14 +46,14 @@ class Finding:
         object.__setattr__(self, "pitfall", Pitfall(self.pitfall))  # a plain int from JSON becomes its name
 
     def __str__(self) -> str:
-        tag = f"pitfall {int(self.pitfall)}" if self.pitfall else "problem"
+        tag = _("pitfall {number}").format(number=int(self.pitfall)) if self.pitfall else _("problem")
         return f"[{tag}] {self.title}: {self.text}"
 
     @property
     def text(self) -> str:
         """The message, ending with this finding's own fix when it has one the message does not state yet."""
-        if self.fix and " Fix: " not in self.message:
-            return f"{self.message} Fix: {self.fix.replace('`', '')}."
+        if self.fix and not split_fix(self.message)[1]:
+            return self.message + fix_sentence(self.fix)
         return self.message
 
 
@@ -49,9 +66,10 @@ def found(pitfall: Pitfall, title: str, evidence: str, *, where: str = "", fix: 
     if where:
         message += " " + where
     if isinstance(fix, str):
-        return Finding(pitfall, title, message + f" Fix: {fix.replace('`', '')}.", fix=fix, fix_zh=fix_zh)
+        said = fix_zh if fix_zh and current_language() == "zh" else fix
+        return Finding(pitfall, title, message + fix_sentence(said), fix=said, fix_zh=fix_zh)
     if fix and pitfall is not Pitfall.GENERAL:
-        message += f" Fix: {pitfall.fix.replace('`', '')}."
+        message += fix_sentence(_(pitfall.fix))
     return Finding(pitfall, title, message)
 
 
@@ -60,8 +78,9 @@ def report(findings: Iterable[Finding], *, name: str | None = None) -> str:
     findings = list(findings)
     head = f"{name}: " if name else ""
     if not findings:
-        return f"{head}OK - no problems found."
-    lines = [f"{head}{len(findings)} problem{'s' if len(findings) > 1 else ''} found:"]
+        return head + _("OK - no problems found.")
+    n = len(findings)
+    lines = [head + ngettext("{n} problem found:", "{n} problems found:", n).format(n=n)]
     for f in findings:
         tag = f.pitfall.label()
         lines.append(f"  x [{tag}] {f.title}")
