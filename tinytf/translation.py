@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gettext as _gettext
 import os
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from .language import LANGUAGES, notebook_language
@@ -29,7 +29,7 @@ LOCALE_DIR = Path(__file__).resolve().parent / "locale"
 LOCALES = {"zh": "zh_CN"}  # tinytf's language code -> the catalog's locale folder
 
 
-@lru_cache(maxsize=None)
+@cache
 def translations(lang: str) -> _gettext.NullTranslations:
     """The catalog of ``lang`` (``"zh"``); English (and any language without a catalog) says the msgid itself."""
     locale = LOCALES.get(lang)

@@ -112,8 +112,7 @@ CATALOG: dict[Pitfall, Entry] = {
         N_("read the message: it names the input and what differs")),
     Pitfall.SCALE: Entry(
         N_("missing or wrong 1/sqrt(d_head) scaling"), "no `1/sqrt(d_head)` (or `1/sqrt(D)`)", _S + "1",
-        N_("softmax sharpens as heads widen"), "`diagnose_attention`",
-        N_("divide by `sqrt(q.size(-1))`")),
+        N_("softmax sharpens as heads widen"), "`diagnose_attention`", N_("divide by `sqrt(q.size(-1))`")),
     Pitfall.ORIENTATION: Entry(
         N_("q @ kᵀ orientation / shape contract"), "`k @ qᵀ` / wrong axis", _S + "2",
         N_("crash when `Tq ≠ Tk`, wrong numbers when square"), "`diagnose_attention`",
@@ -123,92 +122,87 @@ CATALOG: dict[Pitfall, Entry] = {
         N_("rows sum to < 1, padding gets weight"), "`diagnose_attention`",
         N_("`masked_fill(~mask, -inf)` before softmax, True = may attend")),
     Pitfall.CAUSAL_OFF_BY_ONE: Entry(
-        N_("causal mask off by one / future leak"), "causal mask off by one", _S + "4",
-        N_("NaN row 0, or a peek at the next token"), "`diagnose_causal_mask`, `diagnose_block`",
-        N_("`ones(T, T).tril()`")),
+        N_("causal mask off by one / future leak"), "causal mask off by one", _S + "4", N_("NaN row 0, or a peek at the next token"),
+        "`diagnose_causal_mask`, `diagnose_block`", N_("`ones(T, T).tril()`")),
     Pitfall.HEADS_DIVIDE: Entry(
-        N_("dim not divisible by heads"), "`dim % heads != 0`", _S + "5",
-        N_("split fails"), N_("none: tinytf raises `ValueError`"),
+        N_("dim not divisible by heads"), "`dim % heads != 0`", _S + "5", N_("split fails"), N_("none: tinytf raises `ValueError`"),
         N_("pick heads dividing `dim`")),
     Pitfall.VIEW_AFTER_TRANSPOSE: Entry(
-        N_("view after transpose"), "`view` after `transpose`", _S + "6",
-        N_("`RuntimeError`, or silent head/position mix"), N_("none (the silent form shows up as a leak in `diagnose_block`)"),
-        N_("transpose back, then `reshape`")),
+        N_("view after transpose"), "`view` after `transpose`", _S + "6", N_("`RuntimeError`, or silent head/position mix"),
+        N_("none (the silent form shows up as a leak in `diagnose_block`)"), N_("transpose back, then `reshape`")),
     Pitfall.BATCH_NORM: Entry(
         N_("BatchNorm instead of LayerNorm"), "BatchNorm for LayerNorm", _S + "7",
-        N_("output depends on other sequences; train ≠ eval"), "`diagnose_block`",
-        N_("`nn.LayerNorm(D)`")),
+        N_("output depends on other sequences; train ≠ eval"), "`diagnose_block`", N_("`nn.LayerNorm(D)`")),
     Pitfall.RESIDUAL_SHAPE: Entry(
-        N_("residual changes the shape"), "residual changes shape", _S + "8",
-        N_("shape error at `x + branch(x)`"), "`diagnose_block`",
+        N_("residual changes the shape"), "residual changes shape", _S + "8", N_("shape error at `x + branch(x)`"), "`diagnose_block`",
         N_("FFN projects back to `D`")),
     Pitfall.TRAIN_EVAL: Entry(
-        N_("train() / eval() / no_grad confusion"), "train/eval/no_grad", _S + "9",
-        N_("eval output random; no_grad keeps dropout"), "`diagnose_block`",
-        N_("`nn.Dropout`, `model.eval()`")),
+        N_("train() / eval() / no_grad confusion"), "train/eval/no_grad", _S + "9", N_("eval output random; no_grad keeps dropout"),
+        "`diagnose_block`", N_("`nn.Dropout`, `model.eval()`")),
     Pitfall.EXPLICIT_IN_PRODUCTION: Entry(
-        N_("hand-written attention in production"), "explicit attention in production", _S + "10",
-        N_("`T²` memory saved for backward"), N_("none: measure"),
-        N_("fused `F.scaled_dot_product_attention`")),
+        N_("hand-written attention in production"), "explicit attention in production", _S + "10", N_("`T²` memory saved for backward"),
+        N_("none: measure"), N_("fused `F.scaled_dot_product_attention`")),
     Pitfall.KV_CACHE: Entry(
         N_("KV-cache misconceptions"), "KV-cache misconceptions", _S + "11",
-        N_("cache memory grows with `B · T`; steps still read all of it"), N_("none: measure"),
-        N_("budget it, measure the speed-up")),
+        N_("cache memory grows with `B · T`; steps still read all of it"), N_("none: measure"), N_("budget it, measure the speed-up")),
     Pitfall.COLD_TIMING: Entry(
-        N_("first-run CPU timing"), "first-run timing", _S + "12",
-        N_("first call ≫ warm calls"), N_("none: measure"),
+        N_("first-run CPU timing"), "first-run timing", _S + "12", N_("first call ≫ warm calls"), N_("none: measure"),
         N_("warm up, synchronise, median, conditions")),
     Pitfall.UNSHIFTED_TARGETS: Entry(
-        N_("LM targets not shifted"), "targets not shifted", _S + "13",
-        N_("loss near zero, model only copies"), "`diagnose_lm_loss`",
+        N_("LM targets not shifted"), "targets not shifted", _S + "13", N_("loss near zero, model only copies"), "`diagnose_lm_loss`",
         N_("`logits[:, :-1]` vs `ids[:, 1:]`")),
     Pitfall.PADDING_IN_LOSS: Entry(
-        N_("padding counted in the loss"), "padding in the loss", _S + "14",
-        N_("loss changes when padding is added"), "`diagnose_lm_loss`",
-        N_("`ignore_index=pad_id`, divide by real tokens")),
+        N_("padding counted in the loss"), "padding in the loss", _S + "14", N_("loss changes when padding is added"),
+        "`diagnose_lm_loss`", N_("`ignore_index=pad_id`, divide by real tokens")),
     Pitfall.ACC_NOT_RESCALED: Entry(
-        N_("accumulator not rescaled when the running maximum grows"), "`acc` (or `l`) not rescaled by `exp(m - m_new)`", _T + "2. The online softmax",
-        N_("right while the first tile holds each row's maximum, wrong once a later tile raises it"), "`diagnose_online_softmax`, `diagnose_tiled_attention`",
+        N_("accumulator not rescaled when the running maximum grows"), "`acc` (or `l`) not rescaled by `exp(m - m_new)`",
+        _T + "2. The online softmax", N_("right while the first tile holds each row's maximum, wrong once a later tile raises it"),
+        "`diagnose_online_softmax`, `diagnose_tiled_attention`",
         N_("`alpha = exp(m - m_new)`; `l = alpha * l + p.sum(-1)`, `acc = alpha * acc + p @ v`")),
     Pitfall.NO_FINAL_DIVISION: Entry(
         N_("the division by l forgotten, or done per tile"), "`acc / l` missing or inside the tile loop", _T + "2. The online softmax",
         N_("with v = ones the rows are not ones; right with one key tile only when done per tile"), "`diagnose_tiled_attention`",
         N_("divide `acc / l` once, after the last key tile")),
     Pitfall.MASKED_TILE_NAN: Entry(
-        N_("NaN from a tile whose every entry is masked (-inf - -inf)"), "`exp(-inf - -inf)` in a fully masked tile or row", _T + "3. Tiles of q against tiles of k and v",
-        N_("NaN rows when a row's first key tile is all masked, or the row may see nothing"), "`diagnose_online_softmax`, `diagnose_tiled_attention`",
+        N_("NaN from a tile whose every entry is masked (-inf - -inf)"), "`exp(-inf - -inf)` in a fully masked tile or row",
+        _T + "3. Tiles of q against tiles of k and v",
+        N_("NaN rows when a row's first key tile is all masked, or the row may see nothing"),
+        "`diagnose_online_softmax`, `diagnose_tiled_attention`",
         N_("subtract `m_new.masked_fill(m_new == -inf, 0)`; divide by `l` only where `l > 0`")),
     Pitfall.DIAGONAL_TILE_SKIPPED: Entry(
         N_("the diagonal tile skipped under a causal mask"), "causal skipping drops the diagonal tile", _T + "4. A causal mask",
         N_("a query never reads its own key (row 0 empty: zeros or NaN)"), "`diagnose_causal_tiles`",
         N_("skip only key blocks starting at or after `Tk - Tq + q1`; mask inside the diagonal tile")),
     Pitfall.KV_GROUPING: Entry(
-        N_("query heads mapped to the wrong K/V heads: repeat vs repeat_interleave"), "`repeat` (k0 k1 k0 k1) where `repeat_interleave` (k0 k0 k1 k1) is meant, or the reverse", _K + "2. Fewer K/V heads: multi-query and grouped-query",
+        N_("query heads mapped to the wrong K/V heads: repeat vs repeat_interleave"),
+        "`repeat` (k0 k1 k0 k1) where `repeat_interleave` (k0 k0 k1 k1) is meant, or the reverse",
+        _K + "2. Fewer K/V heads: multi-query and grouped-query",
         N_("shapes fine, outputs differ; right only when kv_heads is 1 or heads"), "`diagnose_kv_grouping`, `diagnose_expand_kv`",
         N_("query head `h` reads K/V head `h // (heads // kv_heads)`: `kv.repeat_interleave(heads // kv_heads, dim=1)`")),
     Pitfall.WINDOW_OFF_BY_ONE: Entry(
-        N_("sliding window off by one: window + 1 or window - 1 keys per query"), "window lets a query see `window ± 1` keys", _K + "6. The sliding window and its rolling buffer",
+        N_("sliding window off by one: window + 1 or window - 1 keys per query"), "window lets a query see `window ± 1` keys",
+        _K + "6. The sliding window and its rolling buffer",
         N_("a query sees one key too many or too few; the window counts the query itself"), "`diagnose_window`",
         N_("the query at position `p` sees keys `p - window + 1 … p`: `causal_mask(t_q, t_k, window=window)`")),
     Pitfall.FORGOTTEN_ALL_REDUCE: Entry(
-        N_("the forgotten all-reduce: each rank holds a partial sum"), "row-parallel output used without its all-reduce", _P + "6. What breaks",
-        N_("the ranks' outputs differ from each other and from one process; their sum is right"), "`diagnose_row_parallel`",
-        N_("all-reduce the row-parallel partial sums (`reduce_from_parallel`), then add the bias")),
+        N_("the forgotten all-reduce: each rank holds a partial sum"), "row-parallel output used without its all-reduce",
+        _P + "6. What breaks", N_("the ranks' outputs differ from each other and from one process; their sum is right"),
+        "`diagnose_row_parallel`", N_("all-reduce the row-parallel partial sums (`reduce_from_parallel`), then add the bias")),
     Pitfall.QKV_SPLIT_ONE_PIECE: Entry(
-        N_("the fused QKV weight split in one piece"), "`qkv.weight.chunk(P)[r]` instead of per Q/K/V and per head", _P + "2. Tensor-parallel attention",
-        N_("right shapes, wrong heads: a rank gets Q rows of some heads and K rows of others"), "`diagnose_qkv_split`",
-        N_("take rank r's heads from each of W_q, W_k and W_v: `shard_qkv(weight, r, P, heads, kv_heads)`")),
+        N_("the fused QKV weight split in one piece"), "`qkv.weight.chunk(P)[r]` instead of per Q/K/V and per head",
+        _P + "2. Tensor-parallel attention", N_("right shapes, wrong heads: a rank gets Q rows of some heads and K rows of others"),
+        "`diagnose_qkv_split`", N_("take rank r's heads from each of W_q, W_k and W_v: `shard_qkv(weight, r, P, heads, kv_heads)`")),
     Pitfall.BIAS_BEFORE_ALL_REDUCE: Entry(
-        N_("the output-projection bias added on every rank before the all-reduce"), "row-parallel bias added before the sum", _P + "6. What breaks",
-        N_("the output is off by exactly (P - 1) · bias on every rank"), "`diagnose_row_parallel`",
+        N_("the output-projection bias added on every rank before the all-reduce"), "row-parallel bias added before the sum",
+        _P + "6. What breaks", N_("the output is off by exactly (P - 1) · bias on every rank"), "`diagnose_row_parallel`",
         N_("add the row-parallel bias once, after the all-reduce")),
     Pitfall.RING_LOCAL_OFFSET: Entry(
-        N_("ring attention without the global causal offset"), "each arriving K/V block masked as if it started at 0", _P + "4. Ring attention",
-        N_("rank 0 sees the future, later ranks lose half of their past"), "`diagnose_ring_attention`",
+        N_("ring attention without the global causal offset"), "each arriving K/V block masked as if it started at 0",
+        _P + "4. Ring attention", N_("rank 0 sees the future, later ranks lose half of their past"), "`diagnose_ring_attention`",
         N_("mask with global positions: key j is seen by query i iff position(j) <= position(i)")),
     Pitfall.DROPOUT_RNG_UNSYNCED: Entry(
-        N_("dropout with unsynchronised RNG across tensor-parallel ranks"), "residual dropout seeded differently per rank", _P + "6. What breaks",
-        N_("activations that every rank should hold identically drift apart"), "`diagnose_replicated`",
+        N_("dropout with unsynchronised RNG across tensor-parallel ranks"), "residual dropout seeded differently per rank",
+        _P + "6. What breaks", N_("activations that every rank should hold identically drift apart"), "`diagnose_replicated`",
         N_("seed the RNG identically on the tensor-parallel ranks for dropout on replicated tensors")),
 }
 

@@ -110,7 +110,9 @@ def status_name(status: str, lang: str = "en") -> str:
 
 
 _FULL_WIDTH = "（），。：；"
-_SPACE_BY_PUNCT = re.compile(rf"(?<=[{_FULL_WIDTH}\u4e00-\u9fff]) +(?=[{_FULL_WIDTH}])|(?<=[{_FULL_WIDTH}]) +(?=[{_FULL_WIDTH}\u4e00-\u9fff])")
+_CJK = "\u4e00-\u9fff"
+# a space a translated phrase left next to full-width punctuation ("限制（600 秒） ，已被停止")
+_SPACE_BY_PUNCT = re.compile(rf"(?<=[{_FULL_WIDTH}{_CJK}]) +(?=[{_FULL_WIDTH}])|(?<=[{_FULL_WIDTH}]) +(?=[{_FULL_WIDTH}{_CJK}])")
 
 
 def translate(message: str, lang: str = "en") -> str:
