@@ -60,13 +60,17 @@ def _step(aligned: str):
     return attention_step
 
 
-def test_a_start_aligned_decode_mask_is_told_the_end_aligned_fix_not_the_square_tril():
+def test_a_start_aligned_decode_mask_is_told_the_end_aligned_fix_not_the_square_tril(monkeypatch):
     findings = ex07._diagnose_step(_step("sdpa"))
     assert [f.pitfall for f in findings] == [Pitfall.CAUSAL_OFF_BY_ONE] and "START-aligned" in findings[0].message
-    assert "causal_mask(t, past + t)" in findings[0].fix and "END-aligned" in findings[0].fix and findings[0].fix_zh
-    for lang in ("en", "zh"):
-        text = "\n".join(_lines(findings[0], lang))
+    assert "causal_mask(t, past + t)" in findings[0].fix and "END-aligned" in findings[0].fix
+    monkeypatch.setenv("TINYTF_LANG", "zh")  # the Chinese notebook's diagnosis says the same fix in Chinese
+    zh = ex07._diagnose_step(_step("sdpa"))
+    assert "causal_mask(t, past + t)" in zh[0].fix and "末尾对齐" in zh[0].fix and "END-aligned" not in zh[0].fix
+    for lang, f in (("en", findings[0]), ("zh", zh[0])):
+        text = "\n".join(_lines(f, lang))
         assert "causal_mask(t, past + t)" in text.splitlines()[-1] and "ones(T, T).tril()" not in text, text
+    monkeypatch.delenv("TINYTF_LANG")
     assert ex07._diagnose_step(_step("end")) == []  # the fix applied: the finding disappears
 
 

@@ -13,6 +13,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall
 
+from ...translation import _, gettext
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
 from .validators import close, differs, float_inputs, has_keys, shape_of, shapes, tensor
@@ -54,10 +55,10 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tu
 def _judge_hand_qk(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     q, k = float_inputs(q, k)
     assert q.reshape(-1).tolist() == sum(EXAMPLE_Q, []) and k.reshape(-1).tolist() == sum(EXAMPLE_K, []), (
-        "the example tensors q and k were changed; hand_qk is judged on the original example"
+        _("the example tensors q and k were changed; hand_qk is judged on the original example")
     )
-    close(tensor(value, (3, 3), "hand_qk"), (q @ k.transpose(-2, -1))[0], "hand_qk (row i = query i, column j = key j)", atol=1e-4,
-          given="the example q, k [1, 3, 4]", reference="q @ kᵀ")
+    close(tensor(value, (3, 3), "hand_qk"), (q @ k.transpose(-2, -1))[0], _("hand_qk (row i = query i, column j = key j)"), atol=1e-4,
+          given=_("the example q, k [1, 3, 4]"), reference="q @ kᵀ")
 
 
 @judge("ex01_scores")
@@ -65,28 +66,29 @@ def _judge_scores(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     q, k = float_inputs(q, k)
     expected = reference_scores(q, k)
     close(tensor(value, expected.shape, "scores_by_hand(q, k)"), expected, "scores_by_hand(q, k)", given=shapes(q=q, k=k),
-          reference="q @ kᵀ / sqrt(d)")
+          reference=_("q @ kᵀ / sqrt(d)"))
 
 
 @judge("ex01_softmax")
 def _judge_softmax(value: Any, scores: torch.Tensor, large: torch.Tensor) -> None:
     scores, large = float_inputs(scores, large)
-    has_keys(value, ("weights", "large"), "the softmax record")
+    has_keys(value, ("weights", "large"), _("the softmax record"))
     close(tensor(value["weights"], scores.shape, "softmax_by_hand(scores)"), scores.softmax(-1), "softmax_by_hand(scores)",
           given=shapes(scores=scores), reference="torch.softmax(scores, dim=-1)")
-    big = tensor(value["large"], large.shape, "softmax_by_hand on large scores")
-    close(big, large.softmax(-1), "softmax_by_hand on large scores", given=shapes(scores=large), reference="torch.softmax(scores, dim=-1)")
+    big = tensor(value["large"], large.shape, _("softmax_by_hand on large scores"))
+    close(big, large.softmax(-1), _("softmax_by_hand on large scores"), given=shapes(scores=large), reference="torch.softmax(scores, "
+                                                                                                              "dim=-1)")
 
 
 @judge("ex01_attention")
 def _judge_attention(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    has_keys(value, ("out", "weights"), "the attention record")
+    has_keys(value, ("out", "weights"), _("the attention record"))
     q, k, v = float_inputs(q, k, v)
     out, weights = reference_attention(q, k, v)
     given, reference = shapes(q=q, k=k, v=v), "tinytf.scaled_dot_product_attention"
-    close(tensor(value["weights"], weights.shape, "attention_by_hand weights"), weights, "attention_by_hand weights", given=given,
+    close(tensor(value["weights"], weights.shape, _("attention_by_hand weights")), weights, _("attention_by_hand weights"), given=given,
           reference=reference)
-    close(tensor(value["out"], out.shape, "attention_by_hand out"), out, "attention_by_hand out", given=given, reference=reference)
+    close(tensor(value["out"], out.shape, _("attention_by_hand out")), out, _("attention_by_hand out"), given=given, reference=reference)
 
 
 # ---- self-check diagnosis ------------------------------------------------------------------------
@@ -100,7 +102,8 @@ def _probe() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def _diagnose_hand_qk(hand: Any) -> list[Finding]:
     if hand is None:
-        return [Finding(Pitfall.GENERAL, "hand_qk is not defined yet", "Task 1a: type your QKᵀ table as a nested list hand_qk[i][j].")]
+        return [Finding(Pitfall.GENERAL, _("hand_qk is not defined yet"),
+                        _("Task 1a: type your QKᵀ table as a nested list hand_qk[i][j]."))]
     try:
         table = torch.tensor(hand, dtype=torch.float32)
         ok = tuple(table.shape) == (3, 3) and torch.allclose(table, torch.tensor(EXAMPLE_Q) @ torch.tensor(EXAMPLE_K).T)
@@ -109,11 +112,11 @@ def _diagnose_hand_qk(hand: Any) -> list[Finding]:
     if ok:
         return []
     if _is_transposed(hand):
-        return [Finding(Pitfall.ORIENTATION, "hand_qk is transposed (it is KQᵀ)",
-                        "Row i must be query i and column j key j: entry [i][j] = q[i] · k[j]. Yours has rows = keys.")]
-    return [Finding(Pitfall.ORIENTATION, "hand_qk is not QKᵀ of the example",
-                    "Entry [i][j] is the dot product of query row i with key row j (no scaling yet): "
-                    "a 3 x 3 table, rows = queries, columns = keys.")]
+        return [Finding(Pitfall.ORIENTATION, _("hand_qk is transposed (it is KQᵀ)"),
+                        _("Row i must be query i and column j key j: entry [i][j] = q[i] · k[j]. Yours has rows = keys."))]
+    return [Finding(Pitfall.ORIENTATION, _("hand_qk is not QKᵀ of the example"),
+                    _("Entry [i][j] is the dot product of query row i with key row j (no scaling yet): "
+                    "a 3 x 3 table, rows = queries, columns = keys."))]
 
 
 def _is_transposed(hand: Any) -> bool:
@@ -131,21 +134,22 @@ def _diagnose_scores(fn: Any) -> list[Finding]:
         return [problem]
     expected = reference_scores(q, k)
     if not isinstance(s, torch.Tensor) or tuple(s.shape) != tuple(expected.shape):
-        hint = " (did you multiply by k instead of k.transpose(-2, -1)?)" if isinstance(s, torch.Tensor) else ""
-        return [Finding(Pitfall.ORIENTATION, "scores_by_hand returns the wrong shape",
-                        f"For q {list(q.shape)} and k {list(k.shape)} the scores must be [B, H, Tq, Tk] = "
-                        f"{list(expected.shape)}, got {shape_of(s)}{hint}.")]
+        hint = gettext(" (did you multiply by k instead of k.transpose(-2, -1)?)") if isinstance(s, torch.Tensor) else ""
+        return [Finding(Pitfall.ORIENTATION, gettext("scores_by_hand returns the wrong shape"),
+                        gettext("For q {q_shape} and k {k_shape} the scores must be [B, H, Tq, Tk] = {expected_shape}, got "
+                                "{s}{hint}.").format(
+                            q_shape=list(q.shape), k_shape=list(k.shape), expected_shape=list(expected.shape), s=shape_of(s), hint=hint))]
     if torch.allclose(s, expected, atol=1e-4):
         return []
     raw = q @ k.transpose(-2, -1)
     if torch.allclose(s, raw, atol=1e-4):
-        msg = "the scores are not divided by sqrt(d): divide q @ kᵀ by math.sqrt(q.size(-1))."
+        msg = gettext("the scores are not divided by sqrt(d): divide q @ kᵀ by math.sqrt(q.size(-1)).")
     elif torch.allclose(s, raw / q.size(-1), atol=1e-4):
-        msg = "the scores are divided by d instead of sqrt(d)."
+        msg = gettext("the scores are divided by d instead of sqrt(d).")
     else:
         msg = (differs("scores_by_hand(q, k)", s, expected, f"q {list(q.shape)}, k {list(k.shape)}")
-               + ": the scores are q @ k.transpose(-2, -1) / sqrt(d) with d = q.size(-1) (the per-head width).")
-    return [Finding(Pitfall.SCALE, "scores_by_hand: wrong scaling or values", msg)]
+               + gettext(": the scores are q @ k.transpose(-2, -1) / sqrt(d) with d = q.size(-1) (the per-head width)."))
+    return [Finding(Pitfall.SCALE, gettext("scores_by_hand: wrong scaling or values"), msg)]
 
 
 def _diagnose_softmax(fn: Any) -> list[Finding]:
@@ -154,20 +158,21 @@ def _diagnose_softmax(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(w, torch.Tensor) or w.shape != scores.shape:
-        return [Finding(Pitfall.GENERAL, "softmax_by_hand changes the shape",
-                        f"scores {list(scores.shape)} must give weights of the same shape.")]
+        return [Finding(Pitfall.GENERAL, _("softmax_by_hand changes the shape"),
+                        _("scores {scores_shape} must give weights of the same shape.").format(scores_shape=list(scores.shape)))]
     if not torch.allclose(w.sum(-1), torch.ones(scores.shape[:-1]), atol=1e-4):
-        return [Finding(Pitfall.ORIENTATION, "softmax_by_hand: rows do not sum to one",
-                        "Normalise over the keys, the last axis: e / e.sum(dim=-1, keepdim=True).")]
+        return [Finding(Pitfall.ORIENTATION, _("softmax_by_hand: rows do not sum to one"),
+                        _("Normalise over the keys, the last axis: e / e.sum(dim=-1, keepdim=True)."))]
     if not torch.allclose(w, scores.softmax(-1), atol=1e-5):
-        return [Finding(Pitfall.GENERAL, "softmax_by_hand: wrong values",
-                        differs("softmax_by_hand(scores)", w, scores.softmax(-1), f"scores {list(scores.shape)}")
-                        + " (torch.softmax(scores, dim=-1)).")]
+        return [Finding(Pitfall.GENERAL, _("softmax_by_hand: wrong values"),
+                        differs("softmax_by_hand(scores)", w, scores.softmax(-1), _("scores {scores_shape}").format(
+                            scores_shape=list(scores.shape)))
+                        + _(" (torch.softmax(scores, dim=-1))."))]
     big, problem = call_student("softmax_by_hand", fn, torch.tensor([[1000.0, 999.0, 0.0]]))
     if problem or not isinstance(big, torch.Tensor) or not bool(torch.isfinite(big).all()):
-        return [Finding(Pitfall.GENERAL, "softmax_by_hand overflows on large scores",
-                        "exp(1000) is inf in float32: subtract each row's maximum "
-                        "(scores.amax(dim=-1, keepdim=True)) before exp; softmax does not change.")]
+        return [Finding(Pitfall.GENERAL, _("softmax_by_hand overflows on large scores"),
+                        _("exp(1000) is inf in float32: subtract each row's maximum "
+                        "(scores.amax(dim=-1, keepdim=True)) before exp; softmax does not change."))]
     return []
 
 
@@ -182,7 +187,8 @@ def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any]) -> list[Finding
         if problem:
             return [problem]
         if not (isinstance(res, (tuple, list)) and len(res) == 2):
-            return [Finding(Pitfall.GENERAL, "attention_by_hand must return (out, weights)", "Return a pair: weights @ v and the weights.")]
+            return [Finding(Pitfall.GENERAL, _("attention_by_hand must return (out, weights)"), _("Return a pair: weights @ v and the "
+                                                                                                  "weights."))]
 
         def as_attention(q, k, v, mask=None):  # the mask is applied before the softmax
             if mask is None:
@@ -196,10 +202,10 @@ def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any]) -> list[Finding
     wrong_w = not (isinstance(w, torch.Tensor) and w.shape == ref_w.shape and torch.allclose(w, ref_w, atol=1e-4))
     if not findings and (wrong_out or wrong_w):
         given = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
-        findings.append(Finding(Pitfall.GENERAL, "attention_by_hand differs from tinytf",
-                                differs("attention_by_hand out" if wrong_out else "attention_by_hand weights",
+        findings.append(Finding(Pitfall.GENERAL, _("attention_by_hand differs from tinytf"),
+                                differs(_("attention_by_hand out") if wrong_out else _("attention_by_hand weights"),
                                         out if wrong_out else w, ref_out if wrong_out else ref_w, given)
-                                + ". Return (weights @ v, weights) with weights = softmax_by_hand(scores_by_hand(q, k))."))
+                                + _(". Return (weights @ v, weights) with weights = softmax_by_hand(scores_by_hand(q, k)).")))
     return findings
 
 

@@ -14,6 +14,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall
 
+from ...translation import _
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
 from .validators import bool_mask, close, differs, float_inputs, has_keys, shapes, should_be, tensor
@@ -48,7 +49,8 @@ def _judge_mask(value: Any, lengths: list[int], t: int) -> None:
     expected = padding_mask([int(n) for n in lengths], int(t))
     value = tensor(value, expected.shape, "build_padding_mask(lengths, t)", dtype=torch.bool)
     assert torch.equal(value, expected), (
-        f"build_padding_mask(lengths, t) marks the wrong positions: {should_be(value, expected, f'lengths {list(lengths)}, t {t}')}")
+        _("build_padding_mask(lengths, t) marks the wrong positions: {should_be}").format(
+            should_be=should_be(value, expected, f'lengths {list(lengths)}, t {t}')))
 
 
 @judge("ex02_masked_softmax")
@@ -56,7 +58,7 @@ def _judge_masked_softmax(value: Any, scores: torch.Tensor, mask: Any) -> None:
     mask = bool_mask(mask)
     expected = reference_masked_softmax(*float_inputs(scores), mask)
     value = tensor(value, expected.shape, "masked_softmax(scores, mask)")
-    assert bool((value[~mask.expand_as(value)] == 0).all()), "masked_softmax: blocked weights are not exactly zero"
+    assert bool((value[~mask.expand_as(value)] == 0).all()), _("masked_softmax: blocked weights are not exactly zero")
     close(value, expected, "masked_softmax(scores, mask)", given=shapes(scores=scores, mask=mask))
 
 
@@ -93,18 +95,21 @@ def _diagnose_mask(fn: Any) -> list[Finding]:
     expected = padding_mask(lengths, t)
     if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
         got = m.dtype if isinstance(m, torch.Tensor) else type(m).__name__
-        return [Finding(Pitfall.GENERAL, "build_padding_mask must return a bool tensor",
-                        f"got {got}; build it from a comparison (positions < lengths) so it is torch.bool, True = may attend.")]
+        return [Finding(Pitfall.GENERAL, _("build_padding_mask must return a bool tensor"),
+                        _("got {got}; build it from a comparison (positions < lengths) so it is torch.bool, True = may attend.").format(
+                            got=got))]
     if tuple(m.shape) != tuple(expected.shape):
-        hint = " A [B, T] mask on [B, H, T, T] scores is read as [Tq, Tk]: add the axes with [:, None, None, :]." if m.dim() == 2 else ""
-        return [Finding(Pitfall.GENERAL, "build_padding_mask has the wrong shape",
-                        f"lengths {lengths}, t={t} must give [B, 1, 1, t] = {list(expected.shape)}, got {list(m.shape)}.{hint}")]
+        hint = _(" A [B, T] mask on [B, H, T, T] scores is read as [Tq, Tk]: add the axes with [:, None, None, :].") if m.dim() == 2 else ""
+        return [Finding(Pitfall.GENERAL, _("build_padding_mask has the wrong shape"),
+                        _("lengths {lengths}, t={t} must give [B, 1, 1, t] = {expected_shape}, got {m_shape}.{hint}").format(
+                            lengths=lengths, t=t, expected_shape=list(expected.shape), m_shape=list(m.shape), hint=hint))]
     if torch.equal(m, ~expected):
-        return [Finding(Pitfall.MASK, "build_padding_mask uses the inverted convention",
-                        "True must mean 'may attend' (a real token), False = padding, as in F.scaled_dot_product_attention.")]
+        return [Finding(Pitfall.MASK, _("build_padding_mask uses the inverted convention"),
+                        _("True must mean 'may attend' (a real token), False = padding, as in F.scaled_dot_product_attention."))]
     if not torch.equal(m, expected):
-        return [Finding(Pitfall.GENERAL, "build_padding_mask marks the wrong positions",
-                        f"for lengths {lengths} and t={t}, key j of sequence b is real when j < lengths[b].")]
+        return [Finding(Pitfall.GENERAL, _("build_padding_mask marks the wrong positions"),
+                        _("for lengths {lengths} and t={t}, key j of sequence b is real when j < lengths[b].").format(lengths=lengths,
+                            t=t))]
     return []
 
 
@@ -119,21 +124,23 @@ def _diagnose_masked_softmax(fn: Any) -> list[Finding]:
         return [problem]
     expected = reference_masked_softmax(scores, mask)
     if not isinstance(w, torch.Tensor) or w.shape != expected.shape:
-        return [Finding(Pitfall.GENERAL, "masked_softmax returns the wrong shape", f"expected {list(expected.shape)} (the scores' shape).")]
+        return [Finding(Pitfall.GENERAL, _("masked_softmax returns the wrong shape"),
+                        _("expected {expected_shape} (the scores' shape).").format(expected_shape=list(expected.shape)))]
     if torch.allclose(w, reference_masked_softmax(scores, ~mask), atol=1e-5):
-        return [Finding(Pitfall.MASK, "masked_softmax uses the inverted mask",
-                        "Block where mask is False: scores.masked_fill(~mask, float('-inf')).")]
+        return [Finding(Pitfall.MASK, _("masked_softmax uses the inverted mask"),
+                        _("Block where mask is False: scores.masked_fill(~mask, float('-inf'))."))]
     if torch.allclose(w, scores.softmax(-1) * mask, atol=1e-5) or torch.allclose(w, scores.softmax(-1).masked_fill(~mask, 0), atol=1e-5):
-        return [Finding(Pitfall.MASK, "masked_softmax applies the mask after the softmax",
-                        "Zeroing weights after the softmax leaves rows that no longer sum to one. "
-                        "Fill the blocked scores with -inf before the softmax.")]
+        return [Finding(Pitfall.MASK, _("masked_softmax applies the mask after the softmax"),
+                        _("Zeroing weights after the softmax leaves rows that no longer sum to one. "
+                        "Fill the blocked scores with -inf before the softmax."))]
     if not bool((w[~mask.expand_as(w)] == 0).all()):
-        return [Finding(Pitfall.MASK, "masked_softmax leaves weight on padded keys",
-                        "Blocked weights must be exactly 0: use float('-inf') (not a large negative number) before the softmax.")]
+        return [Finding(Pitfall.MASK, _("masked_softmax leaves weight on padded keys"),
+                        _("Blocked weights must be exactly 0: use float('-inf') (not a large negative number) before the softmax."))]
     if not torch.allclose(w, expected, atol=1e-5):
-        return [Finding(Pitfall.GENERAL, "masked_softmax gives wrong weights",
-                        differs("masked_softmax(scores, mask)", w, expected, f"scores {list(scores.shape)}, mask {list(mask.shape)}")
-                        + " (softmax over the last axis, the keys, after masking).")]
+        return [Finding(Pitfall.GENERAL, _("masked_softmax gives wrong weights"),
+                        differs("masked_softmax(scores, mask)", w, expected, _("scores {scores_shape}, mask {mask_shape}").format(
+                            scores_shape=list(scores.shape), mask_shape=list(mask.shape)))
+                        + _(" (softmax over the last axis, the keys, after masking)."))]
     return []
 
 
@@ -148,15 +155,17 @@ def _diagnose_renormalise(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(r, torch.Tensor) or r.shape != weights.shape:
-        return [Finding(Pitfall.GENERAL, "renormalise returns the wrong shape", f"expected {list(weights.shape)}.")]
+        return [Finding(Pitfall.GENERAL, _("renormalise returns the wrong shape"), _("expected {weights_shape}.").format(
+            weights_shape=list(weights.shape)))]
     if torch.allclose(r, weights * mask, atol=1e-6):
-        return [Finding(Pitfall.MASK, "renormalise does not rescale the rows",
-                        "After zeroing the blocked weights, divide each row by its new sum so it adds up to one again.")]
+        return [Finding(Pitfall.MASK, _("renormalise does not rescale the rows"),
+                        _("After zeroing the blocked weights, divide each row by its new sum so it adds up to one again."))]
     if not torch.allclose(r, reference_renormalise(weights, mask), atol=1e-6):
-        return [Finding(Pitfall.GENERAL, "renormalise gives wrong values",
+        return [Finding(Pitfall.GENERAL, _("renormalise gives wrong values"),
                         differs("renormalise(weights, mask)", r, reference_renormalise(weights, mask),
-                                f"weights {list(weights.shape)}, mask {list(mask.shape)}")
-                        + ": zero where mask is False, then divide by the row sum (dim=-1, keepdim=True).")]
+                                _("weights {weights_shape}, mask {mask_shape}").format(weights_shape=list(weights.shape),
+                                    mask_shape=list(mask.shape)))
+                        + _(": zero where mask is False, then divide by the row sum (dim=-1, keepdim=True)."))]
     return []
 
 

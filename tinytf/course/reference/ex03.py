@@ -17,6 +17,7 @@ from torch import nn
 
 from tinytf.checks import Finding, Pitfall
 
+from ...translation import gettext
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings
 from .validators import close, differs, has_keys, seconds, shape_of, shapes
@@ -50,10 +51,10 @@ def reference_head_weights(x: torch.Tensor, heads: int, qkv_weight: torch.Tensor
 
 @judge("ex03_param_count")
 def _judge_param_count(value: Any, cases: list) -> None:
-    assert isinstance(value, list) and len(value) == len(cases), "mha_parameter_count: one count per case expected"
+    assert isinstance(value, list) and len(value) == len(cases), gettext("mha_parameter_count: one count per case expected")
     for (dim, heads, bias), n in zip(cases, value):
-        assert isinstance(n, int) and not isinstance(n, bool), "mha_parameter_count must return an int"
-        assert n == reference_parameter_count(int(dim), int(heads), bool(bias)), "mha_parameter_count gives a wrong count"
+        assert isinstance(n, int) and not isinstance(n, bool), gettext("mha_parameter_count must return an int")
+        assert n == reference_parameter_count(int(dim), int(heads), bool(bias)), gettext("mha_parameter_count gives a wrong count")
 
 
 def timing_problem(value: Any, repeats: int) -> str | None:
@@ -69,17 +70,17 @@ def timing_problem(value: Any, repeats: int) -> str | None:
     - the slow first call excluded: below half the mean of the cold module's inner durations (its
       first call is 100 times its machine's slowest steady call, so a mean that includes it is far above).
     """
-    has_keys(value, ("steady_s", "cold_s", "calls", "steady_inner", "cold_inner"), "the timing record")
+    has_keys(value, ("steady_s", "cold_s", "calls", "steady_inner", "cold_inner"), gettext("the timing record"))
     steady = seconds(value["steady_s"], "time_forward")
-    cold = seconds(value["cold_s"], "time_forward (slow first call)")
+    cold = seconds(value["cold_s"], gettext("time_forward (slow first call)"))
     inner, cold_inner = [float(t) for t in value["steady_inner"]], [float(t) for t in value["cold_inner"]]
     if int(value["calls"]) < int(repeats) or len(inner) < int(repeats) or not cold_inner:
-        return "time_forward must call the module at least `repeats` times"
+        return gettext("time_forward must call the module at least `repeats` times")
     timed = inner[-int(repeats):]
     if not 0.9 * statistics.median(timed) <= steady < 0.5 * sum(timed):
-        return "time_forward: implausible seconds per call (report the median seconds of one call)"
+        return gettext("time_forward: implausible seconds per call (report the median seconds of one call)")
     if not cold < 0.5 * sum(cold_inner) / len(cold_inner):
-        return "time_forward: a slow first call dominates the result (warm up, take the median)"
+        return gettext("time_forward: a slow first call dominates the result (warm up, take the median)")
     return None
 
 
@@ -106,10 +107,10 @@ def _judge_timing(value: Any, sleep_s: float, repeats: int) -> None:
 def _judge_head_maps(value: Any, x: torch.Tensor, heads: int, qkv_weight: torch.Tensor, qkv_bias: Any = None) -> None:
     expected = reference_head_weights(x, int(heads), qkv_weight.float(), None if qkv_bias is None else qkv_bias.float())
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), (
-        f"per_head_weights must return [B, H, T, T] = {list(expected.shape)}"
+        gettext("per_head_weights must return [B, H, T, T] = {expected_shape}").format(expected_shape=list(expected.shape))
     )
     close(value, expected, "per_head_weights(mha, x)", given=shapes(x=x, heads=int(heads)),
-          reference="the softmax of each head's q kᵀ / sqrt(d_head)")
+          reference=gettext("the softmax of each head's q kᵀ / sqrt(d_head)"))
 
 
 def maps_sum_to_one(per_head_weights: Any, dim: int, heads: int, x: torch.Tensor) -> bool:
@@ -128,18 +129,20 @@ def maps_sum_to_one(per_head_weights: Any, dim: int, heads: int, x: torch.Tensor
 def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor, formula: list | None = None, maps_sum_to_one: bool = True) -> None:
     """``formula``: the student's mha_parameter_count per head count, ``maps_sum_to_one``: whether the student's
     per_head_weights gives rows that sum to one (a wrong Task 3a or 3c costs that task only)."""
-    assert isinstance(value, dict) and sorted(value) == sorted(str(h) for h in heads), "results must have one entry per head count"
+    assert isinstance(value, dict) and sorted(value) == sorted(str(h) for h in heads), gettext("results must have one entry per head count")
     b, t, _ = x.shape
     for i, h in enumerate(heads):
         r = value[str(h)]
         has_keys(r, ("params", "time_s", "weights"), f"results[{h}]")
         allowed = {reference_parameter_count(int(dim), int(h))} | ({formula[i]} if formula and len(formula) == len(heads) else set())
-        assert r["params"] in allowed, f"results[{h}]['params'] is neither the module's count nor your mha_parameter_count({dim}, {h})"
-        assert seconds(r["time_s"], f"results[{h}]['time_s']") < 1.0, f"results[{h}]['time_s'] is implausible"
+        assert r["params"] in allowed, gettext("results[{h}]['params'] is neither the module's count nor your mha_parameter_count({dim}, "
+                                               "{h})").format(h=h, dim=dim)
+        assert seconds(r["time_s"], f"results[{h}]['time_s']") < 1.0, gettext("results[{h}]['time_s'] is implausible").format(h=h)
         w = r["weights"]
-        assert isinstance(w, torch.Tensor) and tuple(w.shape) == (b, int(h), t, t), f"results[{h}]['weights'] must be [B, {h}, T, T]"
+        assert isinstance(w, torch.Tensor) and tuple(w.shape) == (b, int(h), t, t), gettext("results[{h}]['weights'] must be [B, {h}, T, "
+                                                                                            "T]").format(h=h)
         assert not maps_sum_to_one or bool(torch.isfinite(w).all()) and torch.allclose(w.sum(-1), torch.ones(b, int(h), t), atol=1e-4), (
-            f"results[{h}]['weights']: rows must sum to one"
+            gettext("results[{h}]['weights']: rows must sum to one").format(h=h)
         )
 
 
@@ -156,15 +159,16 @@ def _diagnose_count(fn: Any) -> list[Finding]:
         if n == want:
             continue
         hints = {
-            4 * dim * dim: "that is the weights only: with bias=True each Linear also has one bias per output.",
-            3 * dim * dim + 3 * dim: "that is qkv only: add the output projection proj (D -> D).",
-            4 * dim * dim + 4 * dim: "bias=False means no bias terms at all.",
-            (4 * dim * dim + (4 * dim if bias else 0)) // heads: "the head count does not divide the parameters: the heads share "
-                                                                 "the D x 3D projection, each uses a slice of it.",
+            4 * dim * dim: gettext("that is the weights only: with bias=True each Linear also has one bias per output."),
+            3 * dim * dim + 3 * dim: gettext("that is qkv only: add the output projection proj (D -> D)."),
+            4 * dim * dim + 4 * dim: gettext("bias=False means no bias terms at all."),
+            (4 * dim * dim + (4 * dim if bias else 0)) // heads: gettext("the head count does not divide the parameters: the heads share "
+                                                                 "the D x 3D projection, each uses a slice of it."),
         }
         hint = hints.get(n, "count qkv: weight [3D, D] + bias [3D], and proj: weight [D, D] + bias [D].")
-        return [Finding(Pitfall.GENERAL, "mha_parameter_count gives a wrong count",
-                        f"dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}; {hint}")]
+        return [Finding(Pitfall.GENERAL, gettext("mha_parameter_count gives a wrong count"),
+                        gettext("dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}; {hint}").format(
+                            dim=dim, heads=heads, bias=bias, n=n, want=want, hint=hint))]
     return []
 
 
@@ -191,25 +195,28 @@ def _diagnose_timing(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(steady, float) or not math.isfinite(steady) or steady <= 0:
-        return [Finding(Pitfall.GENERAL, "time_forward must return a positive float", f"got {steady!r}; return seconds per call.")]
+        return [Finding(Pitfall.GENERAL, gettext("time_forward must return a positive float"),
+                        gettext("got {steady!r}; return seconds per call.").format(steady=steady))]
     call = statistics.median(probe.inner[-12:]) if len(probe.inner) >= 12 else 0.003  # what one call took, measured inside it
     if steady >= 500 * call:
-        return [Finding(Pitfall.COLD_TIMING, "time_forward returns milliseconds",
-                        "return seconds (time.perf_counter() differences) per call.")]
+        return [Finding(Pitfall.COLD_TIMING, gettext("time_forward returns milliseconds"),
+                        gettext("return seconds (time.perf_counter() differences) per call."))]
     if steady < 0.9 * call:
-        return [Finding(Pitfall.COLD_TIMING, "time_forward measures too little",
-                        f"a module that sleeps 3 ms per call measured {steady * 1e3:.2f} ms: time each call (and synchronise).")]
+        return [Finding(Pitfall.COLD_TIMING, gettext("time_forward measures too little"),
+                        gettext("a module that sleeps 3 ms per call measured {value:.2f} ms: time each call (and synchronise).").format(
+                            value=steady * 1e3))]
     if len(probe.inner) >= 12 and steady >= 0.5 * sum(probe.inner[-12:]):
-        return [Finding(Pitfall.COLD_TIMING, "time_forward returns the total, not the time per call",
-                        f"a module that sleeps 3 ms per call measured {steady:.4f} s: take the median of the per-call times.")]
+        return [Finding(Pitfall.COLD_TIMING, gettext("time_forward returns the total, not the time per call"),
+                        gettext("a module that sleeps 3 ms per call measured {steady:.4f} s: take the median of the per-call "
+                                "times.").format(steady=steady))]
     slow = _Sleepy(max(0.2, 100 * max(probe.inner, default=0.003)), 0.001)
     cold, problem = call_student("time_forward", fn, slow, x, repeats=5, warmup=1)
     if problem:
         return [problem]
     if isinstance(cold, float) and slow.inner and cold >= 0.5 * sum(slow.inner) / len(slow.inner):
-        return [Finding(Pitfall.COLD_TIMING, "the first (cold) call dominates time_forward",
-                        f"a module whose first call takes {slow.inner[0] * 1e3:.0f} ms and later ones 1 ms measured "
-                        f"{cold * 1e3:.1f} ms per call: run `warmup` untimed calls first and report the median.")]
+        return [Finding(Pitfall.COLD_TIMING, gettext("the first (cold) call dominates time_forward"),
+                        gettext("a module whose first call takes {value:.0f} ms and later ones 1 ms measured {value2:.1f} ms per call: run "
+                          "`warmup` untimed calls first and report the median.").format(value=slow.inner[0] * 1e3, value2=cold * 1e3))]
     return []
 
 
@@ -227,8 +234,8 @@ def _diagnose_maps(fn: Any) -> list[Finding]:
             return [problem]
         ref = mha(x, return_weights=True)[1]
         if not isinstance(w, torch.Tensor) or tuple(w.shape) != tuple(ref.shape):
-            return [Finding(Pitfall.ORIENTATION, "per_head_weights returns the wrong shape",
-                            f"expected [B, H, T, T] = {list(ref.shape)}, got {shape_of(w)}.")]
+            return [Finding(Pitfall.ORIENTATION, gettext("per_head_weights returns the wrong shape"),
+                            gettext("expected [B, H, T, T] = {ref_shape}, got {w}.").format(ref_shape=list(ref.shape), w=shape_of(w)))]
         if torch.allclose(w, ref, atol=1e-5):
             return []
         q, k, _ = mha.qkv(x).chunk(3, dim=-1)
@@ -237,27 +244,29 @@ def _diagnose_maps(fn: Any) -> list[Finding]:
         kh = k.view(b, t, h, d // h).transpose(1, 2)
         raw = qh @ kh.transpose(-2, -1)
         variants = [
-            (raw.softmax(-1), Pitfall.SCALE, "missing scaling", "divide the scores by sqrt(d_head) = sqrt(mha.head_dim)."),
-            ((raw / (d // h)).softmax(-1), Pitfall.SCALE, "scores divided by d_head instead of sqrt(d_head)",
-             f"with d_head = {d // h} the scale is 1/sqrt(d_head) = 1/{math.sqrt(d // h):.3g}, not 1/d_head = 1/{d // h}: "
-             "divide by math.sqrt(mha.head_dim)."),
-            ((raw / d).softmax(-1), Pitfall.SCALE, "scores divided by the model width D",
-             "the scale is 1/sqrt(d_head) with d_head = mha.head_dim, not 1/D."),
-            ((raw / math.sqrt(d)).softmax(-1), Pitfall.SCALE, "scaled by the model width",
-             "scale by 1/sqrt(d_head) (one head's width), not 1/sqrt(D)."),
-            ((raw / math.sqrt(d // h)).softmax(-2), Pitfall.ORIENTATION, "softmax over the wrong axis",
-             "normalise over the keys, the last axis: softmax(dim=-1)."),
+            (raw.softmax(-1), Pitfall.SCALE, gettext("missing scaling"),
+             gettext("divide the scores by sqrt(d_head) = sqrt(mha.head_dim).")),
+            ((raw / (d // h)).softmax(-1), Pitfall.SCALE, gettext("scores divided by d_head instead of sqrt(d_head)"),
+             gettext("with d_head = {value} the scale is 1/sqrt(d_head) = 1/{math_sqrt:.3g}, not 1/d_head = 1/{value}: divide by "
+                     "math.sqrt(mha.head_dim).").format(value=d // h, math_sqrt=math.sqrt(d // h))),
+            ((raw / d).softmax(-1), Pitfall.SCALE, gettext("scores divided by the model width D"),
+             gettext("the scale is 1/sqrt(d_head) with d_head = mha.head_dim, not 1/D.")),
+            ((raw / math.sqrt(d)).softmax(-1), Pitfall.SCALE, gettext("scaled by the model width"),
+             gettext("scale by 1/sqrt(d_head) (one head's width), not 1/sqrt(D).")),
+            ((raw / math.sqrt(d // h)).softmax(-2), Pitfall.ORIENTATION, gettext("softmax over the wrong axis"),
+             gettext("normalise over the keys, the last axis: softmax(dim=-1).")),
             ((q.reshape(b, h, t, d // h) @ k.reshape(b, h, t, d // h).transpose(-2, -1) / math.sqrt(d // h)).softmax(-1),
-             Pitfall.VIEW_AFTER_TRANSPOSE,             "heads split with the wrong reshape",
-             "[B, T, D] -> [B, H, T, d_head] needs view(B, T, H, d_head).transpose(1, 2); view(B, H, T, d_head) mixes tokens "
-             "and channels."),
+             Pitfall.VIEW_AFTER_TRANSPOSE,             gettext("heads split with the wrong reshape"),
+             gettext("[B, T, D] -> [B, H, T, d_head] needs view(B, T, H, d_head).transpose(1, 2); view(B, H, T, d_head) mixes tokens "
+             "and channels.")),
         ]
         for cand, pitfall, title, msg in variants:
             if torch.allclose(w, cand, atol=1e-5):
-                return [Finding(pitfall, f"per_head_weights: {title}", msg)]
-        return [Finding(Pitfall.GENERAL, "per_head_weights gives wrong weights",
-                        differs("per_head_weights(mha, x)", w, ref, f"MultiHeadAttention({d}, {h}) and x {list(x.shape)}")
-                        + "; compare with mha(x, return_weights=True)[1] and print each intermediate shape.")]
+                return [Finding(pitfall, gettext("per_head_weights: {title}").format(title=title), msg)]
+        return [Finding(Pitfall.GENERAL, gettext("per_head_weights gives wrong weights"),
+                        differs("per_head_weights(mha, x)", w, ref, gettext("MultiHeadAttention({d}, {h}) and x {x_shape}").format(d=d,
+                            h=h, x_shape=list(x.shape)))
+                        + gettext("; compare with mha(x, return_weights=True)[1] and print each intermediate shape."))]
 
 
 # ---- the judges on fresh inputs (the self-check's copy of the grader's verdict) ------------------
@@ -313,6 +322,6 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     problems, then the grader's judges on fresh inputs for every task without one. Never raises."""
     by_task = {gid: check_parts(namespace, [part]) for gid, part in TASKS.items()}
     if "results" not in namespace:
-        by_task["ex03_results"] = [Finding(Pitfall.GENERAL, "results is missing", "Run Task 3d's cell to fill results.")]
+        by_task["ex03_results"] = [Finding(Pitfall.GENERAL, gettext("results is missing"), gettext("Run Task 3d's cell to fill results."))]
     findings = [f for fs in by_task.values() for f in fs]
     return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])

@@ -13,6 +13,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
+from ...translation import _, gettext
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, stub_or, swapped
 from .validators import close, differs, float_inputs, has_keys, number, shape_of, shapes, tensor
@@ -42,7 +43,7 @@ def _judge_attention(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     from tinytf import scaled_dot_product_attention
 
     has_keys(value, ("plain", "masked"))
-    assert q.size(-2) != k.size(-2), "the hidden test must use Tq != Tk"
+    assert q.size(-2) != k.size(-2), _("the hidden test must use Tq != Tk")
     q, k, v = float_inputs(q, k, v)
     for key, m in (("plain", None), ("masked", mask)):
         expected = scaled_dot_product_attention(q, k, v, m)
@@ -62,13 +63,14 @@ def _judge_cross(value: Any, x: torch.Tensor, context: torch.Tensor, mask: torch
 
 @judge("ex05_encdec")
 def _judge_encdec(value: Any, src: torch.Tensor, tgt: torch.Tensor, lengths: torch.Tensor, dim: int, heads: int) -> None:
-    has_keys(value, ("good", "leaky"), "the record of the probes of both models")
-    assert bool((lengths < src.size(1)).all()), "every hidden sequence is padded"
-    good, leaky = (has_keys(value[which], PROBE_KEYS, f"probe_encoder_decoder's result ({which} model)") for which in ("good", "leaky"))
-    assert number(good["encoder_effect"], "encoder_effect") > 1e-4, "the probe found no encoder effect on a correct model"
-    assert number(good["padding_leak"], "padding_leak") < 1e-5, "the probe reported a padding leak on a correct model"
-    assert number(leaky["padding_leak"], "padding_leak") > 1e-4, "the probe missed the leak of a model that ignores padding"
-    assert number(leaky["encoder_effect"], "encoder_effect") > 1e-4, "the probe found no encoder effect on the leaky model"
+    has_keys(value, ("good", "leaky"), _("the record of the probes of both models"))
+    assert bool((lengths < src.size(1)).all()), _("every hidden sequence is padded")
+    good, leaky = (has_keys(value[which], PROBE_KEYS, _("probe_encoder_decoder's result ({which} model)").format(which=which))
+                   for which in ("good", "leaky"))
+    assert number(good["encoder_effect"], "encoder_effect") > 1e-4, _("the probe found no encoder effect on a correct model")
+    assert number(good["padding_leak"], "padding_leak") < 1e-5, _("the probe reported a padding leak on a correct model")
+    assert number(leaky["padding_leak"], "padding_leak") > 1e-4, _("the probe missed the leak of a model that ignores padding")
+    assert number(leaky["encoder_effect"], "encoder_effect") > 1e-4, _("the probe found no encoder effect on the leaky model")
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -84,7 +86,8 @@ def _diagnose_cross(cls: Any) -> list[Finding]:
         return [problem]
     names = ("q_proj", "k_proj", "v_proj", "out_proj")
     if not all(isinstance(getattr(cross, n, None), torch.nn.Linear) for n in names):
-        return [Finding(Pitfall.GENERAL, "CrossAttention lost its layers", f"keep the given __init__: it defines {', '.join(names)}.")]
+        return [Finding(Pitfall.GENERAL, _("CrossAttention lost its layers"), _("keep the given __init__: it defines {value_join}.").format(
+            value_join=', '.join(names)))]
     w = mha.qkv.weight.detach().chunk(3)
     bias = mha.qkv.bias.detach().chunk(3)
     with torch.no_grad():
@@ -100,44 +103,46 @@ def _diagnose_cross(cls: Any) -> list[Finding]:
             return [_explain_crash(cross, x, problem)]
         expected = mha(x, context=ctx)
         if not isinstance(out, torch.Tensor) or out.shape != expected.shape:
-            return [Finding(Pitfall.ORIENTATION, "CrossAttention returns the wrong shape",
-                            f"expected [B, Tq, D] = {list(expected.shape)}, got {shape_of(out)}.")]
+            return [Finding(Pitfall.ORIENTATION, _("CrossAttention returns the wrong shape"),
+                            _("expected [B, Tq, D] = {expected_shape}, got {out}.").format(expected_shape=list(expected.shape),
+                                out=shape_of(out)))]
         if not torch.allclose(out, expected, atol=1e-4):
             return [_explain_difference(cross, x, ctx, out, expected)]
-        masked, problem = call_student("CrossAttention.forward with a padding mask", cross, x, ctx, pad)
+        masked, problem = call_student(_("CrossAttention.forward with a padding mask"), cross, x, ctx, pad)
         if problem:
             return [problem]
         if not torch.allclose(masked, mha(x, context=ctx, mask=pad), atol=1e-4):
-            return [Finding(Pitfall.MASK, "CrossAttention ignores or misuses the mask", "pass mask on to attention(q, k, v, mask).")]
+            return [Finding(Pitfall.MASK, _("CrossAttention ignores or misuses the mask"), _("pass mask on to attention(q, k, v, mask)."))]
     return []
 
 
 def _explain_difference(cross: Any, x: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor, expected: torch.Tensor) -> Finding:
     """Name what differs when CrossAttention runs but disagrees with tinytf.MultiHeadAttention."""
-    return Finding(Pitfall.GENERAL, "CrossAttention differs from the reference",
-                   differs("CrossAttention(x, context) with the weights of tinytf.MultiHeadAttention", out, expected,
+    return Finding(Pitfall.GENERAL, _("CrossAttention differs from the reference"),
+                   differs(_("CrossAttention(x, context) with the weights of tinytf.MultiHeadAttention"), out, expected,
                            shapes(x=x, context=ctx))
-                   + ". Check: q from x, k and v from context; split heads with view(B, T, H, d).transpose(1, 2); "
-                   "merge with transpose(1, 2).reshape(B, Tq, D); then out_proj.")
+                   + _(". Check: q from x, k and v from context; split heads with view(B, T, H, d).transpose(1, 2); "
+                   "merge with transpose(1, 2).reshape(B, Tq, D); then out_proj."))
 
 
 def _explain_crash(cross: Any, x: torch.Tensor, problem: Finding) -> Finding:
     """Name the mistake behind a crash of CrossAttention.forward(x [2, 3, 12], context [2, 5, 12])."""
     if "view size is not compatible" in problem.message:
-        return found(Pitfall.VIEW_AFTER_TRANSPOSE, "CrossAttention calls view on a transposed tensor",
-                     f"forward(x [2, 3, 12], context [2, 5, 12]) raised: {problem.message}")
+        return found(Pitfall.VIEW_AFTER_TRANSPOSE, gettext("CrossAttention calls view on a transposed tensor"),
+                     gettext("forward(x [2, 3, 12], context [2, 5, 12]) raised: {problem_message}").format(problem_message=problem.message))
     _, same_length = call_student("CrossAttention.forward", cross, x, x)
     if same_length is None:  # works when Tq == Tk: the lengths are mixed up
-        return Finding(Pitfall.ORIENTATION, "CrossAttention mixes up Tq and Tk",
-                       f"forward works when context has as many tokens as x, but with x [2, 3, 12] and context [2, 5, 12] "
-                       f"it raised {problem.message}. Split q with Tq = x.size(1) and k, v with Tk = context.size(1).")
+        return Finding(Pitfall.ORIENTATION, gettext("CrossAttention mixes up Tq and Tk"),
+                       gettext("forward works when context has as many tokens as x, but with x [2, 3, 12] and context [2, 5, 12] it "
+                               "raised {problem_message}. Split q with Tq = x.size(1) and k, v with Tk = context.size(1).").format(
+                                   problem_message=problem.message))
     return problem
 
 
 def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     model_cls = namespace.get("TinyEncoderDecoder")
     if model_cls is None:
-        return [Finding(Pitfall.GENERAL, "TinyEncoderDecoder is missing", "keep the given model cell (run it before the probe).")]
+        return [Finding(Pitfall.GENERAL, _("TinyEncoderDecoder is missing"), _("keep the given model cell (run it before the probe)."))]
     torch.manual_seed(7)
     good = model_cls(12, 3).eval()
     leaky = model_cls(12, 3, leaky=True).eval()
@@ -150,15 +155,14 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
         return [problem]
     changed = [name for name, t in zip(given, (src, tgt, lengths)) if not torch.equal(t, given[name])]
     if changed:  # the model is correct: whatever the probe then reports comes from its own edit, not from a leak
-        return [found(Pitfall.GENERAL, f"probe_encoder_decoder changes its input {' and '.join(changed)}",
-                      f"after the call {', '.join(changed)} no longer hold{'s' if len(changed) == 1 else ''} the values passed in: "
-                      "the probe writes into the caller's tensor, so its 'changed' and 'unchanged' runs see the same edited "
-                      "input and its numbers describe the edit, not the model.",
-                      fix="clone the input before changing it: src2 = src.clone(), then edit src2",
-                      fix_zh="先克隆输入再修改：src2 = src.clone()，然后修改 src2")]
+        return [found(Pitfall.GENERAL, _("probe_encoder_decoder changes its input {value_join}").format(value_join=' and '.join(changed)),
+                      _("after the call {value_join} no longer hold{value} the values passed in: the probe writes into the caller's "
+                        "tensor, so its 'changed' and 'unchanged' runs see the same edited input and its numbers describe the edit, not "
+                        "the model.").format(value_join=', '.join(changed), value='s' if len(changed) == 1 else ''),
+                      fix=_("clone the input before changing it: src2 = src.clone(), then edit src2"))]
     if not isinstance(p_good, dict) or not set(PROBE_KEYS) <= set(p_good):
-        return [Finding(Pitfall.GENERAL, "probe_encoder_decoder returns the wrong thing",
-                        "return {'encoder_effect': float, 'padding_leak': float}.")]
+        return [Finding(Pitfall.GENERAL, _("probe_encoder_decoder returns the wrong thing"),
+                        _("return {'encoder_effect': float, 'padding_leak': float}."))]
     p_leaky, problem = call_student("probe_encoder_decoder", fn, leaky, src, tgt, lengths)
     if problem:
         return [problem]
@@ -166,16 +170,19 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     try:
         effect, leak_good, leak_bad = float(p_good["encoder_effect"]), float(p_good["padding_leak"]), float(p_leaky["padding_leak"])
     except (TypeError, ValueError, KeyError):
-        return [Finding(Pitfall.GENERAL, "probe_encoder_decoder returns non-numbers", "both entries must be floats (use float(...)).")]
+        return [Finding(Pitfall.GENERAL, _("probe_encoder_decoder returns non-numbers"),
+                        _("both entries must be floats (use float(...))."))]
     if not effect > 1e-4:
-        findings.append(Finding(Pitfall.GENERAL, "the probe sees no encoder effect",
-                                "replace the REAL encoder positions (t < lengths[b]) of src by new random values and compare the outputs."))
+        findings.append(Finding(Pitfall.GENERAL, _("the probe sees no encoder effect"),
+                                _("replace the REAL encoder positions (t < lengths[b]) of src by new random values and compare the "
+                                  "outputs.")))
     if not leak_good < 1e-5:
-        findings.append(Finding(Pitfall.MASK, "the probe reports a leak on a correct model",
-                                "change only the PADDED positions (t >= lengths[b]); keep the real ones exactly as they are."))
+        findings.append(Finding(Pitfall.MASK, _("the probe reports a leak on a correct model"),
+                                _("change only the PADDED positions (t >= lengths[b]); keep the real ones exactly as they are.")))
     if not leak_bad > 1e-4:
-        findings.append(Finding(Pitfall.MASK, "the probe misses a model that ignores padding",
-                                "padding_leak must measure the change when only padded encoder positions change: max |out - out_changed|."))
+        findings.append(Finding(Pitfall.MASK, _("the probe misses a model that ignores padding"),
+                                _("padding_leak must measure the change when only padded encoder positions change: max |out - "
+                                  "out_changed|.")))
     return findings
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from tinytf.checks import Finding, Pitfall
 
+from ...translation import _
 from ..judges import judge
 from . import Probe, call_student, judge_findings, swapped
 from .ex05 import named_findings
@@ -68,12 +69,13 @@ def _rows(results: Any, ts: list[int], what: str) -> dict[str, dict[int, dict[st
     out: dict[str, dict[int, dict[str, float]]] = {}
     for name in ("explicit", "sdpa"):
         table = results[name]
-        assert isinstance(table, dict), f"{what}: results[{name!r}] must be a dict keyed by T"
+        assert isinstance(table, dict), _("{what}: results[{name!r}] must be a dict keyed by T").format(what=what, name=name)
         by_t = {int(t): row for t, row in table.items()}
-        assert sorted(by_t) == sorted(ts), f"{what}: {name} has T values {sorted(by_t)}, expected {sorted(ts)}"
+        assert sorted(by_t) == sorted(ts), _("{what}: {name} has T values {by_t}, expected {ts}").format(what=what, name=name,
+            by_t=sorted(by_t), ts=sorted(ts))
         out[name] = {}
         for t, row in by_t.items():
-            assert isinstance(row, dict), f"{what}: {name} T={t} must be a dict"
+            assert isinstance(row, dict), _("{what}: {name} T={t} must be a dict").format(what=what, name=name, t=t)
             out[name][t] = {key: positive(row.get(key), f"{what}: {name} T={t} {key}") for key in ROW_KEYS}
     return out
 
@@ -95,31 +97,33 @@ def _judge_saved(value: Any, batch: int, heads: int, tokens: int, head_dim: int)
              "sdpa": (paths["sdpa"], q, k, v), "exp": (lambda t: t.exp(), q)}
     for key, (fn, *args) in cases.items():
         got = value[key]
-        assert isinstance(got, int) and not isinstance(got, bool), f"saved_tensor_bytes must return an int ({key}: {type(got).__name__})"
-        assert got in reference_saved_bytes(fn, *args), f"saved_tensor_bytes counts the wrong number of bytes ({key})"
+        assert isinstance(got, int) and not isinstance(got, bool), _("saved_tensor_bytes must return an int ({key}: {type})").format(
+            key=key, type=type(got).__name__)
+        assert got in reference_saved_bytes(fn, *args), _("saved_tensor_bytes counts the wrong number of bytes ({key})").format(key=key)
 
 
 @judge("ex06_bench")
 def _judge_bench(value: Any, ts: list[int], heads: int, head_dim: int) -> None:
     has_keys(value, ("main", "fresh"))
     main = value["main"]
-    assert isinstance(main, dict) and isinstance(main.get("conditions"), dict), "the results must record their conditions"
+    assert isinstance(main, dict) and isinstance(main.get("conditions"), dict), _("the results must record their conditions")
     for key in CONDITION_KEYS:
-        assert key in main["conditions"], f"the conditions must record {key!r}"
-    assert main["conditions"]["mask"] == "causal", "the main benchmark uses the causal mask"
-    rows = _rows(main, [256, 512, 1024], "main benchmark")
-    assert all(g > 2.5 for g in _growth(rows["explicit"], "saved_bytes")), "explicit saved bytes must grow ~4x per doubling of T"
-    assert rows["sdpa"][1024]["saved_bytes"] < rows["explicit"][1024]["saved_bytes"], "SDPA must save less than explicit at T=1024"
-    assert rows["sdpa"][1024]["peak_bytes"] < rows["explicit"][1024]["peak_bytes"], "SDPA's peak must be lower than explicit's at T=1024"
+        assert key in main["conditions"], _("the conditions must record {key!r}").format(key=key)
+    assert main["conditions"]["mask"] == "causal", _("the main benchmark uses the causal mask")
+    rows = _rows(main, [256, 512, 1024], _("main benchmark"))
+    assert all(g > 2.5 for g in _growth(rows["explicit"], "saved_bytes")), _("explicit saved bytes must grow ~4x per doubling of T")
+    assert rows["sdpa"][1024]["saved_bytes"] < rows["explicit"][1024]["saved_bytes"], _("SDPA must save less than explicit at T=1024")
+    assert rows["sdpa"][1024]["peak_bytes"] < rows["explicit"][1024]["peak_bytes"], _("SDPA's peak must be lower than explicit's at T=1024")
 
     ts = [int(t) for t in ts]
-    fresh = _rows(value["fresh"], ts, "fresh benchmark")
+    fresh = _rows(value["fresh"], ts, _("fresh benchmark"))
     paths = _paths()
     for t in ts:
         for name in ("explicit", "sdpa"):
             expected = reference_saved_bytes(paths[name], *_qkv(1, int(heads), t, int(head_dim)), True)
-            assert int(fresh[name][t]["saved_bytes"]) in expected, f"fresh benchmark: {name} T={t} saved_bytes differs from the reference"
-    assert all(g > 2.5 for g in _growth(fresh["explicit"], "saved_bytes")), "explicit saved bytes must grow ~4x per doubling of T"
+            assert int(fresh[name][t]["saved_bytes"]) in expected, _("fresh benchmark: {name} T={t} saved_bytes differs from the "
+                                                                     "reference").format(name=name, t=t)
+    assert all(g > 2.5 for g in _growth(fresh["explicit"], "saved_bytes")), _("explicit saved bytes must grow ~4x per doubling of T")
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -131,23 +135,23 @@ def _diagnose_saved(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(n, int) or isinstance(n, bool):
-        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes must return an int",
-                        f"got {type(n).__name__}; add t.numel() * t.element_size().")]
+        return [Finding(Pitfall.GENERAL, _("saved_tensor_bytes must return an int"),
+                        _("got {type}; add t.numel() * t.element_size().").format(type=type(n).__name__))]
     if n == 15:
-        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes counts elements, not bytes",
-                        "multiply t.numel() by t.element_size() (4 for float32).")]
+        return [Finding(Pitfall.GENERAL, _("saved_tensor_bytes counts elements, not bytes"),
+                        _("multiply t.numel() by t.element_size() (4 for float32)."))]
     if n != 60:
-        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes counts the wrong bytes",
-                        f"x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}. "
-                        "Add t.numel() * t.element_size() in the pack hook and return the tensor unchanged.")]
+        return [Finding(Pitfall.GENERAL, _("saved_tensor_bytes counts the wrong bytes"),
+                        _("x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}. Add t.numel() * "
+                          "t.element_size() in the pack hook and return the tensor unchanged.").format(n=n))]
     q, k, v = _qkv(1, 2, 32, 8)
     explicit = _paths()["explicit"]
     n, problem = call_student("saved_tensor_bytes", fn, explicit, q, k, v, True)
     if problem:
         return [problem]
     if n not in reference_saved_bytes(explicit, q, k, v, True):
-        return [Finding(Pitfall.GENERAL, "saved_tensor_bytes is wrong on attention",
-                        "count every tensor the pack hook receives while fn(*args) runs (pass *args through to fn).")]
+        return [Finding(Pitfall.GENERAL, _("saved_tensor_bytes is wrong on attention"),
+                        _("count every tensor the pack hook receives while fn(*args) runs (pass *args through to fn)."))]
     return []
 
 
@@ -158,14 +162,15 @@ def _diagnose_bench(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     if problem:
         return [problem]
     try:
-        rows = _rows(res, [32, 64], "benchmark_attention((32, 64))")
+        rows = _rows(res, [32, 64], _("benchmark_attention((32, 64))"))
     except AssertionError as err:
-        return [Finding(Pitfall.GENERAL, "benchmark_attention returns the wrong structure", str(err))]
+        return [Finding(Pitfall.GENERAL, _("benchmark_attention returns the wrong structure"), str(err))]
     if not isinstance(res.get("conditions"), dict) or not all(key in res["conditions"] for key in CONDITION_KEYS):
-        return [Finding(Pitfall.COLD_TIMING, "benchmark_attention does not record its conditions",
-                        f"a number without its conditions cannot be compared: record {', '.join(CONDITION_KEYS)}.")]
+        return [Finding(Pitfall.COLD_TIMING, _("benchmark_attention does not record its conditions"),
+                        _("a number without its conditions cannot be compared: record {value_join}.").format(
+                            value_join=', '.join(CONDITION_KEYS)))]
     if rows["explicit"][64]["saved_bytes"] <= rows["explicit"][32]["saved_bytes"]:
-        return [Finding(Pitfall.GENERAL, "saved bytes do not grow with T", "measure each T on its own q, k, v of length T.")]
+        return [Finding(Pitfall.GENERAL, _("saved bytes do not grow with T"), _("measure each T on its own q, k, v of length T."))]
     return _causal_findings(rows, res["conditions"])
 
 
@@ -177,11 +182,11 @@ def _causal_findings(rows: dict[str, dict[int, dict[str, float]]], conditions: d
         causal, plain = (reference_saved_bytes(path, *_qkv(1, 1, 64, 8), c) for c in (True, False))
         if got in causal:
             continue
-        what = "without the causal mask" if got in plain and not set(plain) & set(causal) else "on something else"
-        findings.append(Finding(Pitfall.MASK, f"benchmark_attention measures {name} {what}",
-                                f"benchmark_attention((32, 64), causal=True) records mask={conditions.get('mask')!r}, but {name} at "
-                                f"T=64 saved {got:,d} bytes; with is_causal=True it saves {causal[0]:,d}. Pass causal on: "
-                                f"fn(q, k, v, causal) for both paths."))
+        what = _("without the causal mask") if got in plain and not set(plain) & set(causal) else _("on something else")
+        findings.append(Finding(Pitfall.MASK, _("benchmark_attention measures {name} {what}").format(name=name, what=what),
+                                _("benchmark_attention((32, 64), causal=True) records mask={conditions_get!r}, but {name} at T=64 saved "
+                                  "{got:,d} bytes; with is_causal=True it saves {causal:,d}. Pass causal on: fn(q, k, v, causal) for "
+                                  "both paths.").format(conditions_get=conditions.get('mask'), name=name, got=got, causal=causal[0])))
     return findings
 
 

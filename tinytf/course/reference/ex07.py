@@ -15,6 +15,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall
 
+from ...translation import N_, _, gettext
 from ..judges import judge
 from . import call_student, judge_findings
 from .ex05 import named_findings
@@ -51,19 +52,20 @@ def _attn(x: torch.Tensor, heads: int, qkv_weight: torch.Tensor, qkv_bias: torch
 def _judge_cache(value: Any, layers: int, writes: list[dict[str, Any]]) -> None:
     has_keys(value, ("returned", "lengths"))
     returned = value["returned"]
-    assert isinstance(returned, list) and len(returned) == len(writes), "one (k, v) per update call"
+    assert isinstance(returned, list) and len(returned) == len(writes), _("one (k, v) per update call")
     k_ref: list[torch.Tensor | None] = [None] * int(layers)
     v_ref: list[torch.Tensor | None] = [None] * int(layers)
     for i, (w, got) in enumerate(zip(writes, returned)):
         layer = int(w["layer"])
         k_ref[layer] = w["k"] if k_ref[layer] is None else torch.cat([k_ref[layer], w["k"]], dim=2)
         v_ref[layer] = w["v"] if v_ref[layer] is None else torch.cat([v_ref[layer], w["v"]], dim=2)
-        has_keys(got, ("k", "v"), f"the record of update #{i + 1}")
+        has_keys(got, ("k", "v"), _("the record of update #{value}").format(value=i + 1))
         for key, ref in (("k", k_ref[layer]), ("v", v_ref[layer])):
-            t = tensor(got[key], ref.shape, f"update #{i + 1} returned {key}", dtype=None)
-            assert torch.equal(t, ref), f"update #{i + 1}: the returned {key} is not the old entries followed by the new ones (dim=2)"
+            t = tensor(got[key], ref.shape, _("update #{value} returned {key}").format(value=i + 1, key=key), dtype=None)
+            assert torch.equal(t, ref), (_("update #{n}: the returned {key} is not the old entries followed by the new ones "
+                                           "(dim=2)").format(n=i + 1, key=key))
     lengths = [0 if k is None else k.size(2) for k in k_ref]
-    assert list(value["lengths"]) == lengths, f"lengths should be {lengths}, got {value['lengths']}"
+    assert list(value["lengths"]) == lengths, _("lengths should be {lengths}, got {value}").format(lengths=lengths, value=value['lengths'])
 
 
 @judge("ex07_step")
@@ -72,8 +74,8 @@ def _judge_step(value: Any, x: torch.Tensor, prefill: int, heads: int, qkv_weigh
     attn = _attn(x, heads, qkv_weight, qkv_bias, proj_weight, proj_bias)
     with torch.no_grad():
         expected = attn(x.float())
-    got = tensor(value, expected.shape, "the concatenated cached outputs")
-    close(got, expected, "cached attention", atol=1e-4, reference="recomputing the full sequence",
+    got = tensor(value, expected.shape, _("the concatenated cached outputs"))
+    close(got, expected, _("cached attention"), atol=1e-4, reference=_("recomputing the full sequence"),
           given=shapes(x=x, heads=int(heads), prefill=int(prefill)))
 
 
@@ -85,13 +87,15 @@ def _judge_generate(value: Any, prompt: torch.Tensor, config: dict[str, int], st
     model = TinyLanguageModel.from_config(config)
     model.load_state_dict(state_dict)
     ids, logits = reference_two_step(model.eval(), prompt)
-    for suffix, what in (("", "generate_two_step (cached)"), ("_recompute", "generate_two_step_recompute")):
-        got_logits = tensor(value[f"logits{suffix}"], logits.shape, f"{what} logits")
+    for suffix, what in (("", _("generate_two_step (cached)")), ("_recompute", "generate_two_step_recompute")):
+        got_logits = tensor(value[f"logits{suffix}"], logits.shape, _("{what} logits").format(what=what))
         assert torch.allclose(got_logits, logits, atol=1e-4, rtol=1e-4), (
-            f"{what}: logits differ from recomputing the prefix: {should_be(got_logits, logits, shapes(prompt=prompt))}")
-        got_ids = tensor(value[f"ids{suffix}"], ids.shape, f"{what} ids", dtype=None)
+            _("{what}: logits differ from recomputing the prefix: {should_be}").format(what=what,
+                should_be=should_be(got_logits, logits, shapes(prompt=prompt))))
+        got_ids = tensor(value[f"ids{suffix}"], ids.shape, _("{what} ids").format(what=what), dtype=None)
         assert torch.equal(got_ids.long(), ids), (
-            f"{what}: the generated tokens differ from greedy decoding: {should_be(got_ids, ids, shapes(prompt=prompt))}")
+            _("{what}: the generated tokens differ from greedy decoding: {should_be}").format(what=what,
+                should_be=should_be(got_ids, ids, shapes(prompt=prompt))))
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -110,27 +114,28 @@ def _diagnose_cache(cls: Any) -> list[Finding]:
     second, problem = call_student("SimpleKVCache.update", cache.update, 0, k1, v1)
     if problem:
         if "Sizes of tensors must match" in problem.message:  # torch.cat along the wrong axis
-            return [Finding(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
-                            f"appending 1 token to 3 failed ({problem.message}). k, v are [B, H, T, d_head]: append along time, dim=2.")]
+            return [Finding(Pitfall.ORIENTATION, _("update concatenates along the wrong axis"),
+                            _("appending 1 token to 3 failed ({problem}). k, v are [B, H, T, d_head]: append along time, "
+                              "dim=2.").format(problem=problem.message))]
         return [problem]
     if not (isinstance(second, tuple) and len(second) == 2 and all(isinstance(t, torch.Tensor) for t in second)):
-        return [Finding(Pitfall.GENERAL, "update must return (k, v)", "return the two tensors of everything cached for that layer.")]
+        return [Finding(Pitfall.GENERAL, _("update must return (k, v)"), _("return the two tensors of everything cached for that layer."))]
     k_all = second[0]
     if tuple(k_all.shape) == (1, 2, 1, 4):
-        return [Finding(Pitfall.KV_CACHE, "update returns only the new entries",
-                        "a decode step must attend over ALL cached keys: concatenate the old and new entries and return them.")]
+        return [Finding(Pitfall.KV_CACHE, _("update returns only the new entries"),
+                        _("a decode step must attend over ALL cached keys: concatenate the old and new entries and return them."))]
     if tuple(k_all.shape) != (1, 2, 4, 4):
-        return [Finding(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
-                        f"k, v are [B, H, T, d_head]: append along time (dim=2); after 3 + 1 tokens expected [1, 2, 4, 4], "
-                        f"got {list(k_all.shape)}.")]
+        return [Finding(Pitfall.ORIENTATION, _("update concatenates along the wrong axis"),
+                        _("k, v are [B, H, T, d_head]: append along time (dim=2); after 3 + 1 tokens expected [1, 2, 4, 4], got "
+                          "{k_all_shape}.").format(k_all_shape=list(k_all.shape)))]
     for name, got, old, new in (("k", k_all, k0, k1), ("v", second[1], v0, v1)):
         wrong = _wrong_entries(name, got, old, new)
         if wrong:
             return [wrong]
     lengths = cache.lengths
     if list(lengths) != [4, 0]:
-        return [Finding(Pitfall.GENERAL, "the cache's lengths are wrong",
-                        f"after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.")]
+        return [Finding(Pitfall.GENERAL, _("the cache's lengths are wrong"),
+                        _("after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.").format(lengths=lengths))]
     return []
 
 
@@ -140,31 +145,32 @@ def _wrong_entries(name: str, got: Any, old: torch.Tensor, new: torch.Tensor) ->
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, expected):
         return None
     if isinstance(got, torch.Tensor) and got.shape == new.shape and torch.equal(got, new):
-        return Finding(Pitfall.KV_CACHE, f"update overwrites {name} instead of appending",
-                       f"after 3 + 1 tokens the returned {name} should be [1, 2, 4, 4] (old entries, then the new one), got only "
-                       f"the new entry {list(got.shape)}: {name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2).")
+        return Finding(Pitfall.KV_CACHE, _("update overwrites {name} instead of appending").format(name=name),
+                       _("after 3 + 1 tokens the returned {name} should be [1, 2, 4, 4] (old entries, then the new one), got only the "
+                         "new entry {got_shape}: {name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2).").format(name=name,
+                             got_shape=list(got.shape)))
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, torch.cat([new, old], dim=2)):
-        return Finding(Pitfall.KV_CACHE, f"update puts the new {name} before the old ones",
-                       f"time runs along dim=2: torch.cat([{name}[layer], {name}_new], dim=2), old entries first.")
-    return Finding(Pitfall.KV_CACHE, f"update returns the wrong {name}",
-                   f"after 3 + 1 tokens {name} should be [1, 2, 4, 4] = torch.cat([old, new], dim=2) of the {name} tensors "
-                   f"passed in (first entries {expected.flatten()[:3].tolist()}), got {shape_of(got)}.")
+        return Finding(Pitfall.KV_CACHE, _("update puts the new {name} before the old ones").format(name=name),
+                       _("time runs along dim=2: torch.cat([{name}[layer], {name}_new], dim=2), old entries first.").format(name=name))
+    return Finding(Pitfall.KV_CACHE, _("update returns the wrong {name}").format(name=name),
+                   _("after 3 + 1 tokens {name} should be [1, 2, 4, 4] = torch.cat([old, new], dim=2) of the {name} tensors passed in "
+                     "(first entries {expected_flatten_tolist}), got {got}.").format(name=name,
+                         expected_flatten_tolist=expected.flatten()[:3].tolist(), got=shape_of(got)))
 
 
 # a cached step's own fix: the catalog's square ones(T, T).tril() is exactly the mask that is wrong here
-_STEP_FIX = "use tinytf.causal_mask(t, past + t): END-aligned, [t, past + t], new token i reads keys 0 .. past + i"
-_STEP_FIX_ZH = "使用 tinytf.causal_mask(t, past + t)：末尾对齐，形状 [t, past + t]，第 i 个新 token 读取键 0 .. past + i"
+_STEP_FIX = N_("use tinytf.causal_mask(t, past + t): END-aligned, [t, past + t], new token i reads keys 0 .. past + i")
 
 _MASKS = {  # a student's causal mask [t, T] (T = past + t): (allowed(t, T), title, what it does)
-    "sees_next": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t + 1), "the causal mask lets tokens read one key too many",
-                  "each token also reads the NEXT key: the diagonal is off by one"),
-    "not_itself": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t - 1), "the causal mask hides each token's own key",
-                   "each token reads keys 0 .. position - 1 only: the diagonal is off by one"),
-    "start": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(0), "decode steps do not see the whole cache",
-              "the mask is START-aligned, so a decode token at position past reads only key 0; it must be END-aligned "
-              "(tinytf.causal_mask(t, past + t))"),
-    "none": (lambda t, n: torch.ones(t, n, dtype=torch.bool), "the prefill lets tokens see the future",
-             "no causal mask: with t > 1 new tokens each one reads the later ones too"),
+    "sees_next": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t + 1), N_("the causal mask lets tokens read one key too many"),
+                  N_("each token also reads the NEXT key: the diagonal is off by one")),
+    "not_itself": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t - 1), N_("the causal mask hides each token's own key"),
+                   N_("each token reads keys 0 .. position - 1 only: the diagonal is off by one")),
+    "start": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(0), N_("decode steps do not see the whole cache"),
+              N_("the mask is START-aligned, so a decode token at position past reads only key 0; it must be END-aligned "
+              "(tinytf.causal_mask(t, past + t))")),
+    "none": (lambda t, n: torch.ones(t, n, dtype=torch.bool), N_("the prefill lets tokens see the future"),
+             N_("no causal mask: with t > 1 new tokens each one reads the later ones too")),
 }
 
 
@@ -186,10 +192,10 @@ def _name_step_mask(attn: Any, x: torch.Tensor, got: list[Any]) -> Finding | Non
             ref = _masked_steps(attn, x, [0, 4, 5, 6], allowed)
             if all(isinstance(g, torch.Tensor) and g.shape == r.shape and torch.allclose(g, r, atol=1e-4, equal_nan=True)
                    for g, r in zip(got, ref)):
-                return Finding(Pitfall.CAUSAL_OFF_BY_ONE, title,
-                               f"{meaning}. Seen with a prefill of 4 tokens then decode steps at positions 4 and 5: the new tokens "
-                               "at absolute positions past .. past + t - 1 may read keys 0 .. their own position: "
-                               "tinytf.causal_mask(t, past + t).", fix=_STEP_FIX, fix_zh=_STEP_FIX_ZH)
+                return Finding(Pitfall.CAUSAL_OFF_BY_ONE, _(title),
+                               _("{meaning}. Seen with a prefill of 4 tokens then decode steps at positions 4 and 5: the new tokens at "
+                                 "absolute positions past .. past + t - 1 may read keys 0 .. their own position: tinytf.causal_mask(t, "
+                                 "past + t).").format(meaning=_(meaning)), fix=_(_STEP_FIX))
     return None
 
 
@@ -202,15 +208,15 @@ def _diagnose_step(fn: Any) -> list[Finding]:
     cache = KVCache(1, 2, 3, 8, 4)
     with torch.no_grad():
         full = attn(x)
-        pre, problem = call_student("attention_step (prefill)", fn, attn, x[:, :4], cache)
+        pre, problem = call_student(_("attention_step (prefill)"), fn, attn, x[:, :4], cache)
         if problem:
             return [problem]
         if not isinstance(pre, torch.Tensor) or pre.shape != (2, 4, 12):
-            return [Finding(Pitfall.ORIENTATION, "attention_step returns the wrong shape",
-                            f"a prefill of 4 tokens should give [2, 4, 12], got {shape_of(pre)}.")]
+            return [Finding(Pitfall.ORIENTATION, _("attention_step returns the wrong shape"),
+                            _("a prefill of 4 tokens should give [2, 4, 12], got {pre}.").format(pre=shape_of(pre)))]
         steps = []
         for i in (4, 5):
-            out, problem = call_student("attention_step (decode)", fn, attn, x[:, i : i + 1], cache)
+            out, problem = call_student(_("attention_step (decode)"), fn, attn, x[:, i : i + 1], cache)
             if problem:
                 return [problem]
             steps.append(out)
@@ -222,12 +228,12 @@ def _diagnose_step(fn: Any) -> list[Finding]:
     named = _name_step_mask(attn, x, [pre, *steps])
     if named:
         return [named]
-    where = "the prefill (positions 0..3)" if not pre_ok else "the decode step at position " + ("4" if not torch.allclose(
-        steps[0], full[:, 4:5], atol=1e-4) else "5")
-    return [Finding(Pitfall.GENERAL, "attention_step differs from the full pass",
-                    f"with a CausalSelfAttention(12, 3), x [2, 6, 12], a prefill of 4 tokens and two decode steps, {where} differs "
-                    f"from attn(x). Project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by "
-                    "1/sqrt(head_dim), mask with tinytf.causal_mask(t, past + t), softmax over the keys, merge heads, attn.proj.")]
+    where = _("the prefill (positions 0..3)") if not pre_ok else _("the decode step at position {position}").format(
+        position=4 if not torch.allclose(steps[0], full[:, 4:5], atol=1e-4) else 5)
+    return [Finding(Pitfall.GENERAL, _("attention_step differs from the full pass"),
+                    _("with a CausalSelfAttention(12, 3), x [2, 6, 12], a prefill of 4 tokens and two decode steps, {where} differs from "
+                      "attn(x). Project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by 1/sqrt(head_dim), "
+                      "mask with tinytf.causal_mask(t, past + t), softmax over the keys, merge heads, attn.proj.").format(where=where))]
 
 
 def _diagnose_chunk(fn: Any, attn: torch.nn.Module, x: torch.Tensor, full: torch.Tensor) -> list[Finding]:
@@ -236,16 +242,16 @@ def _diagnose_chunk(fn: Any, attn: torch.nn.Module, x: torch.Tensor, full: torch
 
     cache = KVCache(1, 2, 3, 8, 4)
     with torch.no_grad():
-        _, problem = call_student("attention_step (prefill)", fn, attn, x[:, :3], cache)
-        chunk, problem = (None, problem) if problem else call_student("attention_step (2 tokens after 3 cached)", fn, attn,
+        _, problem = call_student(gettext("attention_step (prefill)"), fn, attn, x[:, :3], cache)
+        chunk, problem = (None, problem) if problem else call_student(gettext("attention_step (2 tokens after 3 cached)"), fn, attn,
                                                                       x[:, 3:5], cache)
     if isinstance(chunk, torch.Tensor) and chunk.shape == (2, 2, 12) and torch.allclose(chunk, full[:, 3:5], atol=1e-4):
         return []
-    return [Finding(Pitfall.GENERAL, "attention_step is wrong for several new tokens after cached ones",
-                    "a prefill and one-token decode steps are right, but 2 new tokens after 3 cached ones "
-                    f"({'raised: ' + problem.message if problem else 'differ from attn(x)'}): the mask must be END-aligned, "
-                    "[t, past + t], new token i reads keys 0..past + i: tinytf.causal_mask(t, past + t), not causal_mask(t).",
-                    fix=_STEP_FIX, fix_zh=_STEP_FIX_ZH)]
+    return [Finding(Pitfall.GENERAL, gettext("attention_step is wrong for several new tokens after cached ones"),
+                    gettext("a prefill and one-token decode steps are right, but 2 new tokens after 3 cached ones ({value}): the mask "
+                            "must be END-aligned, [t, past + t], new token i reads keys 0..past + i: tinytf.causal_mask(t, past + t), "
+                            "not causal_mask(t).").format(value='raised: ' + problem.message if problem else 'differ from attn(x)'),
+                    fix=_(_STEP_FIX))]
 
 
 def _generation_probe() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -268,8 +274,8 @@ def _diagnose_recompute(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not _same_steps(res, ids, logits):
-        return [Finding(Pitfall.GENERAL, "generate_two_step_recompute is wrong",
-                        "run the model on the whole prefix, take logits[:, -1], argmax, append; twice.")]
+        return [Finding(Pitfall.GENERAL, _("generate_two_step_recompute is wrong"),
+                        _("run the model on the whole prefix, take logits[:, -1], argmax, append; twice."))]
     return []
 
 
@@ -282,12 +288,12 @@ def _diagnose_cached(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if cache.seen > prompt.size(1) + 1:
-        return [Finding(Pitfall.KV_CACHE, "step 2 feeds more than the new token",
-                        f"after the loop the cache holds {cache.seen} tokens, expected {prompt.size(1) + 1}: with a cache, "
-                        "step 2 runs the model on the ONE token chosen in step 1.")]
+        return [Finding(Pitfall.KV_CACHE, _("step 2 feeds more than the new token"),
+                        _("after the loop the cache holds {cache_seen} tokens, expected {value}: with a cache, step 2 runs the model on "
+                          "the ONE token chosen in step 1.").format(cache_seen=cache.seen, value=prompt.size(1) + 1))]
     if not _same_steps(res, ids, logits):
-        return [Finding(Pitfall.GENERAL, "generate_two_step differs from recomputing the prefix",
-                        "prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache).")]
+        return [Finding(Pitfall.GENERAL, _("generate_two_step differs from recomputing the prefix"),
+                        _("prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache)."))]
     return []
 
 

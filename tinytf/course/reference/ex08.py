@@ -17,6 +17,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall
 
+from ...translation import _, gettext
 from ..judges import judge
 from . import call_student, judge_findings, stub_or, with_cause
 from .ex05 import named_findings
@@ -50,29 +51,30 @@ def _model(config: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> torch
 
 def _check_report(rep: Any, model: torch.nn.Module, val_data: torch.Tensor, schedule: dict[str, Any], what: str) -> float:
     """Consistency checks shared by the main and the fresh training report; returns the recomputed val loss."""
-    has_keys(rep, REPORT_KEYS, f"{what}: the report")
+    has_keys(rep, REPORT_KEYS, _("{what}: the report").format(what=what))
     steps, block = int(schedule["steps"]), int(schedule["block"])
     val = reference_evaluate(model, val_data, block)
-    got = positive(rep["val_loss"], f"{what}: val_loss")
-    assert abs(got - val) < 1e-3, f"{what}: val_loss is not the validation loss of the trained model"
+    got = positive(rep["val_loss"], _("{what}: val_loss").format(what=what))
+    assert abs(got - val) < 1e-3, _("{what}: val_loss is not the validation loss of the trained model").format(what=what)
     for key in ("train_loss", "tokens_per_s", "peak_memory_bytes"):
         positive(rep[key], f"{what}: {key}")
     lrs, losses = rep["lrs"], rep["losses"]
-    assert isinstance(lrs, list) and len(lrs) == steps, f"{what}: one learning rate per step"
-    assert isinstance(losses, list) and len(losses) == steps, f"{what}: one loss per step"
-    assert all(math.isfinite(float(x)) for x in losses), f"{what}: non-finite training loss"
+    assert isinstance(lrs, list) and len(lrs) == steps, _("{what}: one learning rate per step").format(what=what)
+    assert isinstance(losses, list) and len(losses) == steps, _("{what}: one loss per step").format(what=what)
+    assert all(math.isfinite(float(x)) for x in losses), _("{what}: non-finite training loss").format(what=what)
     sched = {k: schedule[k] for k in ("max_lr", "min_lr", "warmup")}
     for s, lr in enumerate(lrs):
         assert abs(float(lr) - reference_cosine_lr(s, total=steps, **sched)) < 1e-9, (
-            f"{what}: the learning rate at step {s} is off the schedule"
+            _("{what}: the learning rate at step {s} is off the schedule").format(what=what, s=s)
         )
     mem = rep["memory"]
-    has_keys(mem, MEMORY_KEYS, f"{what}: the memory ledger")
+    has_keys(mem, MEMORY_KEYS, _("{what}: the memory ledger").format(what=what))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert int(mem["parameters"]) == params, f"{what}: the ledger's parameter bytes are wrong"
-    assert int(mem["optimizer_state"]) >= 2 * params, f"{what}: AdamW keeps two tensors per parameter"
-    assert int(mem["saved_activations"]) > 0 and int(mem["step_peak"]) >= int(mem["gradients"]), f"{what}: implausible step memory"
-    assert int(rep["peak_memory_bytes"]) == int(mem["total"]), f"{what}: peak_memory_bytes must be the ledger's total"
+    assert int(mem["parameters"]) == params, _("{what}: the ledger's parameter bytes are wrong").format(what=what)
+    assert int(mem["optimizer_state"]) >= 2 * params, _("{what}: AdamW keeps two tensors per parameter").format(what=what)
+    assert int(mem["saved_activations"]) > 0 and int(mem["step_peak"]) >= int(mem["gradients"]), (
+        _("{what}: implausible step memory").format(what=what))
+    assert int(rep["peak_memory_bytes"]) == int(mem["total"]), _("{what}: peak_memory_bytes must be the ledger's total").format(what=what)
     return val
 
 
@@ -83,23 +85,23 @@ def _check_report(rep: Any, model: torch.nn.Module, val_data: torch.Tensor, sche
 def _judge_vocab(value: Any, text: str) -> None:
     has_keys(value, ("itos", "stoi", "ids", "decoded"))
     itos = sorted(set(text))
-    assert list(value["itos"]) == itos, "itos must be the sorted distinct characters of the text"
-    assert value["stoi"] == {ch: i for i, ch in enumerate(itos)}, "stoi must map each character to its index in itos"
+    assert list(value["itos"]) == itos, _("itos must be the sorted distinct characters of the text")
+    assert value["stoi"] == {ch: i for i, ch in enumerate(itos)}, _("stoi must map each character to its index in itos")
     ids = value["ids"]
-    assert isinstance(ids, torch.Tensor) and ids.dtype == torch.long, "encode must return a torch.long tensor"
-    assert ids.tolist() == [itos.index(ch) for ch in text], "encode gives the wrong ids"
-    assert value["decoded"] == text, "decode(encode(text)) must give the text back"
+    assert isinstance(ids, torch.Tensor) and ids.dtype == torch.long, _("encode must return a torch.long tensor")
+    assert ids.tolist() == [itos.index(ch) for ch in text], _("encode gives the wrong ids")
+    assert value["decoded"] == text, _("decode(encode(text)) must give the text back")
 
 
 @judge("ex08_batch")
 def _judge_batch(value: Any, data: torch.Tensor, block: int, batch: int) -> None:
     block, batch = int(block), int(batch)
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == (batch, block), (
-        f"get_batch must return [batch, block] = {[batch, block]}"
+        _("get_batch must return [batch, block] = {value}").format(value=[batch, block])
     )
     windows = data.unfold(0, block, 1)  # [N - block + 1, block]: every allowed window
     for row in value:
-        assert bool((windows == row.to(windows.dtype)).all(dim=1).any()), "each row must be block consecutive tokens of data"
+        assert bool((windows == row.to(windows.dtype)).all(dim=1).any()), _("each row must be block consecutive tokens of data")
 
 
 @judge("ex08_loss")
@@ -109,18 +111,18 @@ def _judge_loss(value: Any, logits: torch.Tensor, ids: torch.Tensor, padded_ids:
     has_keys(value, ("plain", "padded"))
     for key, expected in (("plain", lm_loss(logits, ids)), ("padded", lm_loss(logits, padded_ids, pad_id=0))):
         got = value[key]
-        assert isinstance(got, torch.Tensor) and got.numel() == 1, f"next_char_loss ({key}) must return a scalar tensor"
+        assert isinstance(got, torch.Tensor) and got.numel() == 1, _("next_char_loss ({key}) must return a scalar tensor").format(key=key)
         assert torch.allclose(got.float().reshape(()), expected, atol=1e-5), (
-            f"next_char_loss ({key}) differs from the shifted cross-entropy: "
-            f"{should_be(got, expected, shapes(logits=logits, ids=ids if key == 'plain' else padded_ids))}")
+            _("next_char_loss ({key}) differs from the shifted cross-entropy: {should_be}").format(key=key,
+                should_be=should_be(got, expected, shapes(logits=logits, ids=ids if key == 'plain' else padded_ids))))
 
 
 @judge("ex08_lr")
 def _judge_lr(value: Any, max_lr: float, min_lr: float, warmup: int, total: int) -> None:
-    assert isinstance(value, list) and len(value) == int(total) + 5, "one learning rate per step"
+    assert isinstance(value, list) and len(value) == int(total) + 5, _("one learning rate per step")
     for s, lr in enumerate(value):
         expected = reference_cosine_lr(s, max_lr=max_lr, min_lr=min_lr, warmup=int(warmup), total=int(total))
-        assert abs(float(lr) - expected) <= 1e-12 + 1e-9 * expected, f"cosine_lr is wrong at step {s}"
+        assert abs(float(lr) - expected) <= 1e-12 + 1e-9 * expected, _("cosine_lr is wrong at step {s}").format(s=s)
 
 
 @judge("ex08_train")
@@ -136,25 +138,26 @@ def _judge_train(
     fresh_val_data: torch.Tensor,
 ) -> None:
     has_keys(value, ("main", "fresh"))
-    val = _check_report(value["main"], _model(config, state_dict), val_data, schedule, "the main run")
+    val = _check_report(value["main"], _model(config, state_dict), val_data, schedule, _("the main run"))
     chance = math.log(int(config["vocab"]))
-    assert val < chance - MARGIN, f"the validation loss {val:.3f} is not clearly below log(vocab) = {chance:.3f}"
-    _check_report(value["fresh"], _model(fresh_config, fresh_state_dict), fresh_val_data, fresh_schedule, "a fresh run")
+    assert val < chance - MARGIN, _("the validation loss {val:.3f} is not clearly below log(vocab) = {chance:.3f}").format(val=val,
+        chance=chance)
+    _check_report(value["fresh"], _model(fresh_config, fresh_state_dict), fresh_val_data, fresh_schedule, _("a fresh run"))
 
 
 @judge("ex08_ckpt")
 def _judge_ckpt(value: Any, ids: torch.Tensor, config: dict, state_dict: dict) -> None:
-    assert isinstance(value, dict) and {"logits", "keys", "step", "training"} <= set(value), "incomplete record"
+    assert isinstance(value, dict) and {"logits", "keys", "step", "training"} <= set(value), _("incomplete record")
     missing = {"config", "model", "optimizer", "scheduler", "step"} - set(value["keys"])
-    assert not missing, f"the checkpoint lacks {sorted(missing)}"
-    assert value["step"] == 7, "the checkpoint must store the step it was given"
-    assert value["training"] is False, "load_checkpoint must return the model in eval mode"
+    assert not missing, _("the checkpoint lacks {missing}").format(missing=sorted(missing))
+    assert value["step"] == 7, _("the checkpoint must store the step it was given")
+    assert value["training"] is False, _("load_checkpoint must return the model in eval mode")
     with torch.no_grad():
         expected = _model(config, state_dict)(ids)
     got = value["logits"]
-    assert isinstance(got, torch.Tensor) and got.shape == expected.shape, "the restored model gives logits of the wrong shape"
+    assert isinstance(got, torch.Tensor) and got.shape == expected.shape, _("the restored model gives logits of the wrong shape")
     assert torch.allclose(got.float(), expected, atol=1e-5, rtol=1e-5), (
-        f"the restored model gives different logits: {should_be(got, expected, shapes(ids=ids))}")
+        _("the restored model gives different logits: {should_be}").format(should_be=should_be(got, expected, shapes(ids=ids))))
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -166,21 +169,22 @@ def _diagnose_vocab(ns: dict[str, Any]) -> list[Finding]:
     if problem:
         return [problem]
     if not (isinstance(res, tuple) and len(res) == 2):
-        return [Finding(Pitfall.GENERAL, "build_vocab must return (stoi, itos)", "a dict char -> id and the list of characters.")]
+        return [Finding(Pitfall.GENERAL, _("build_vocab must return (stoi, itos)"), _("a dict char -> id and the list of characters."))]
     stoi, itos = res
     if list(itos) != sorted(set(text)):
-        return [Finding(Pitfall.GENERAL, "itos is not the sorted distinct characters",
-                        "use sorted(set(text)): the ids must not depend on the order of the text.")]
+        return [Finding(Pitfall.GENERAL, _("itos is not the sorted distinct characters"),
+                        _("use sorted(set(text)): the ids must not depend on the order of the text."))]
     ids, problem = call_student("encode", ns["encode"], text, stoi)
     if problem:
         return [problem]
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.tolist() != [itos.index(c) for c in text]:
-        return [Finding(Pitfall.GENERAL, "encode gives the wrong ids", "return torch.tensor([stoi[ch] for ch in text], dtype=torch.long).")]
+        return [Finding(Pitfall.GENERAL, _("encode gives the wrong ids"), _("return torch.tensor([stoi[ch] for ch in text], "
+                                                                            "dtype=torch.long)."))]
     back, problem = call_student("decode", ns["decode"], ids, itos)
     if problem:
         return [problem]
     if back != text:
-        return [Finding(Pitfall.GENERAL, "decode does not invert encode", "join itos[int(i)] for every id.")]
+        return [Finding(Pitfall.GENERAL, _("decode does not invert encode"), _("join itos[int(i)] for every id."))]
     return []
 
 
@@ -190,10 +194,11 @@ def _diagnose_batch(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != (40, 6):
-        return [Finding(Pitfall.GENERAL, "get_batch returns the wrong shape", f"expected [batch, block] = [40, 6], got {shape_of(x)}.")]
+        return [Finding(Pitfall.GENERAL, _("get_batch returns the wrong shape"), _("expected [batch, block] = [40, 6], got {x}.").format(
+            x=shape_of(x)))]
     if not all(torch.equal(r, torch.arange(int(r[0]), int(r[0]) + 6)) for r in x):
-        return [Finding(Pitfall.GENERAL, "get_batch rows are not consecutive tokens",
-                        "row i is data[s : s + block] for a random offset s.")]
+        return [Finding(Pitfall.GENERAL, _("get_batch rows are not consecutive tokens"),
+                        _("row i is data[s : s + block] for a random offset s."))]
     return []
 
 
@@ -210,17 +215,18 @@ def _diagnose_lr(fn: Any) -> list[Finding]:
         if all(abs(float(a) - b) < 1e-9 for a, b in zip(got, ref)):
             return []
         if abs(float(got[0])) < 1e-12:
-            return [Finding(Pitfall.GENERAL, "the warm-up starts at zero", "step 0 already trains: use max_lr * (step + 1) / warmup.")]
+            return [Finding(Pitfall.GENERAL, _("the warm-up starts at zero"),
+                            _("step 0 already trains: use max_lr * (step + 1) / warmup."))]
         if abs(float(got[-1]) - sched["min_lr"]) > 1e-9:
             return [
-                Finding(Pitfall.GENERAL, "the schedule does not end at min_lr",
-                        "after total steps return min_lr; the cosine goes from max_lr to min_lr.")
+                Finding(Pitfall.GENERAL, _("the schedule does not end at min_lr"),
+                        _("after total steps return min_lr; the cosine goes from max_lr to min_lr."))
             ]
     except (TypeError, ValueError):
-        return [Finding(Pitfall.GENERAL, "cosine_lr must return a float", "return a number, not a tensor or a list.")]
+        return [Finding(Pitfall.GENERAL, _("cosine_lr must return a float"), _("return a number, not a tensor or a list."))]
     return [
-        Finding(Pitfall.GENERAL, "cosine_lr is off the schedule",
-                "check the warm-up, p = (step - warmup) / (total - warmup) and the cosine formula.")
+        Finding(Pitfall.GENERAL, _("cosine_lr is off the schedule"),
+                _("check the warm-up, p = (step - warmup) / (total - warmup) and the cosine formula."))
     ]
 
 
@@ -246,34 +252,35 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
             return [
                 Finding(
                     Pitfall.GENERAL,
-                    "the checkpoint cannot be read with torch.load(weights_only=True)",
-                    f"store plain data only, e.g. with tinytf.save_checkpoint ({type(err).__name__}).",
+                    gettext("the checkpoint cannot be read with torch.load(weights_only=True)"),
+                    gettext("store plain data only, e.g. with tinytf.save_checkpoint ({type}).").format(type=type(err).__name__),
                 )
             ]
         res, problem = call_student("load_checkpoint", ns["load_checkpoint"], path, "cpu")
         if problem:
             return [problem]
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.nn.Module)):
-        return [Finding(Pitfall.GENERAL, "load_checkpoint must return (model, checkpoint)",
-                        "the restored TinyLanguageModel and the tinytf.Checkpoint.")]
+        return [Finding(Pitfall.GENERAL, gettext("load_checkpoint must return (model, checkpoint)"),
+                        gettext("the restored TinyLanguageModel and the tinytf.Checkpoint."))]
     restored = res[0]
     findings = []
     if restored.training:
-        findings.append(Finding(Pitfall.TRAIN_EVAL, "the restored model is in training mode", "call .eval() before using it for outputs."))
+        findings.append(Finding(Pitfall.TRAIN_EVAL, gettext("the restored model is in training mode"), gettext("call .eval() before "
+                                                                                                               "using it for outputs.")))
     ids = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(22))
     with torch.no_grad():
         if not torch.equal(restored.eval()(ids), model(ids)):
             findings.append(
-                Finding(Pitfall.GENERAL, "the restored model gives different outputs",
-                        "save model.state_dict() and load it with strict=True.")
+                Finding(Pitfall.GENERAL, gettext("the restored model gives different outputs"),
+                        gettext("save model.state_dict() and load it with strict=True."))
             )
     missing = sorted({"config", "model", "optimizer", "scheduler", "step"} - set(raw if isinstance(raw, dict) else ()))
     if missing:
-        hint = f"it lacks {missing}: pass the optimizer, the scheduler and step= to tinytf.save_checkpoint."
-        findings.append(Finding(Pitfall.GENERAL, "the checkpoint is incomplete", hint))
+        hint = gettext("it lacks {missing}: pass the optimizer, the scheduler and step= to tinytf.save_checkpoint.").format(missing=missing)
+        findings.append(Finding(Pitfall.GENERAL, gettext("the checkpoint is incomplete"), hint))
     elif raw["step"] != 3:
-        findings.append(Finding(Pitfall.GENERAL, "the checkpoint stores the wrong step",
-                                f"store the step it was given (3), not {raw['step']!r}."))
+        findings.append(Finding(Pitfall.GENERAL, gettext("the checkpoint stores the wrong step"),
+                                gettext("store the step it was given (3), not {raw!r}.").format(raw=raw['step'])))
     return findings
 
 
@@ -289,12 +296,13 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
         (("save_checkpoint", "load_checkpoint"), "ex08_ckpt", lambda *_: _diagnose_ckpt(namespace)),
     ])
     if not callable(namespace.get("train")):
-        findings.append(Finding(Pitfall.GENERAL, "train is missing", "Define train(...) in the notebook (keep its name and signature)."))
+        findings.append(Finding(Pitfall.GENERAL, _("train is missing"), _("Define train(...) in the notebook (keep its name and "
+                                                                          "signature).")))
         covered.add("ex08_train")
     judged = judge_findings(namespace, PROBES, covered=covered)
     wrong = earlier_parts_wrong(namespace) if "ex08_train" not in covered else []
     if wrong:  # the graded cell retrains on tinytf's versions: so does the probe (ex08_probes._probe_train)
         names = ", ".join(f"`{name}`" for name in wrong)
-        judged = with_cause(judged, "ex08_train", f"train was judged with tinytf's {names}, because yours above "
-                                                  f"{'is' if len(wrong) == 1 else 'are'} wrong; this is train's own mistake")
+        judged = with_cause(judged, "ex08_train", _("train was judged with tinytf's {names}, because yours above {value} wrong; this is "
+                                                    "train's own mistake").format(names=names, value='is' if len(wrong) == 1 else 'are'))
     return findings + judged

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import torch
 
+from ...translation import N_, _
+
 __all__ = ["FLOATING", "tensor", "close", "float_inputs", "bool_mask", "number", "positive", "seconds", "has_keys", "shape_of", "differs",
            "should_be", "shapes"]
 
@@ -32,36 +34,41 @@ def tensor(value: Any, shape: Sequence[int] | None, what: str, *,
     ``dtype=FLOATING`` (default): floating point with finite values, returned as float32;
     a ``torch.dtype``: exactly that dtype; ``None``: any dtype. Other values are returned unchanged.
     """
-    assert isinstance(value, torch.Tensor), f"{what} must be a tensor, got {type(value).__name__}"
+    assert isinstance(value, torch.Tensor), _("{what} must be a tensor, got {type}").format(what=what, type=type(value).__name__)
     if shape is not None:
-        assert tuple(value.shape) == tuple(shape), f"{what} has shape {list(value.shape)}, expected {list(shape)}"
+        assert tuple(value.shape) == tuple(shape), _("{what} has shape {value_shape}, expected {shape}").format(what=what,
+            value_shape=list(value.shape), shape=list(shape))
     if isinstance(dtype, str):  # FLOATING
-        assert value.is_floating_point(), f"{what} must be a floating-point tensor, got {value.dtype}"
-        assert bool(torch.isfinite(value).all()), f"{what} contains inf or NaN"
+        assert value.is_floating_point(), _("{what} must be a floating-point tensor, got {value_dtype}").format(what=what,
+            value_dtype=value.dtype)
+        assert bool(torch.isfinite(value).all()), _("{what} contains inf or NaN").format(what=what)
         return value.float()
     if dtype is not None:
-        assert value.dtype == dtype, f"{what} must have dtype {dtype}, got {value.dtype}"
+        assert value.dtype == dtype, _("{what} must have dtype {dtype}, got {value_dtype}").format(what=what, dtype=dtype,
+            value_dtype=value.dtype)
     return value
 
 
 def close(value: torch.Tensor, expected: torch.Tensor, what: str, *, given: str = "", atol: float = 1e-5, rtol: float = 1e-4,
-          reference: str = "the reference") -> None:
+          reference: str = _("the reference")) -> None:
     """``value`` has the shape of ``expected`` and agrees with it (compared in float32): otherwise
     "``what`` differs from ``reference``: for ``given`` (the input shapes) it should be … starting […]; yours is …"."""
-    assert tuple(value.shape) == tuple(expected.shape), f"{what} has shape {list(value.shape)}, expected {list(expected.shape)}"
+    assert tuple(value.shape) == tuple(expected.shape), _("{what} has shape {value_shape}, expected {expected_shape}").format(what=what,
+        value_shape=list(value.shape), expected_shape=list(expected.shape))
     assert torch.allclose(value.float(), expected.float(), atol=atol, rtol=rtol), (
-        f"{what} differs from {reference}: {should_be(value, expected, given)}")
+        _("{what} differs from {reference}: {should_be}").format(what=what, reference=reference,
+            should_be=should_be(value, expected, given)))
 
 
-def float_inputs(*xs: Any, what: str = "the recorded inputs") -> list[torch.Tensor]:
+def float_inputs(*xs: Any, what: str = _("the recorded inputs")) -> list[torch.Tensor]:
     """The recorded input tensors ``xs`` as float32 (a record a student tampered with is rejected)."""
-    assert all(isinstance(x, torch.Tensor) and x.is_floating_point() for x in xs), f"{what} are not float tensors"
+    assert all(isinstance(x, torch.Tensor) and x.is_floating_point() for x in xs), _("{what} are not float tensors").format(what=what)
     return [x.float() for x in xs]
 
 
-def bool_mask(mask: Any, what: str = "the recorded mask") -> torch.Tensor:
+def bool_mask(mask: Any, what: str = _("the recorded mask")) -> torch.Tensor:
     """The recorded ``mask`` is a bool tensor (True = may attend)."""
-    assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, f"{what} is not a bool tensor"
+    assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, _("{what} is not a bool tensor").format(what=what)
     return mask
 
 
@@ -70,11 +77,13 @@ def number(value: Any, what: str, *, positive: bool = False, unit: str = "") -> 
 
     ``unit`` (e.g. ``"seconds"``) is named in the messages.
     """
-    of = f" of {unit}" if unit else ""
-    assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{what} must be a number{of}, got {type(value).__name__}"
+    of = _(" of {unit}").format(unit=_(unit)) if unit else ""
+    assert isinstance(value, (int, float)) and not isinstance(value, bool), _("{what} must be a number{of}, got {type}").format(
+        what=what, of=of, type=type(value).__name__)
     in_range = value > 0 if positive else value >= 0
-    sign = "positive" if positive else "non-negative"
-    assert math.isfinite(value) and in_range, f"{what} must be a {sign} finite number{of}, got {value}"
+    sign = _("positive") if positive else _("non-negative")
+    assert math.isfinite(value) and in_range, _("{what} must be a {sign} finite number{of}, got {value}").format(what=what, sign=sign,
+        of=of, value=value)
     return float(value)
 
 
@@ -85,15 +94,15 @@ def positive(value: Any, what: str) -> float:
 
 def seconds(value: Any, what: str) -> float:
     """``value`` is a positive, finite duration in seconds; as a float."""
-    return number(value, what, positive=True, unit="seconds")
+    return number(value, what, positive=True, unit=N_("seconds"))
 
 
-def has_keys(value: Any, keys: Iterable[str], what: str = "the record") -> dict:
+def has_keys(value: Any, keys: Iterable[str], what: str = _("the record")) -> dict:
     """``value`` is a dict holding at least ``keys``: "the record must hold 'a' and 'b'"."""
     keys = list(keys)
     names = [repr(k) for k in keys]
-    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-    assert isinstance(value, dict) and set(keys) <= set(value), f"{what} must hold {listed}"
+    listed = names[0] if len(names) == 1 else _("{value_join} and {names}").format(value_join=', '.join(names[:-1]), names=names[-1])
+    assert isinstance(value, dict) and set(keys) <= set(value), _("{what} must hold {listed}").format(what=what, listed=listed)
     return value
 
 
@@ -109,9 +118,10 @@ def should_be(got: Any, want: torch.Tensor, given: str = "") -> str:
     def head(t: torch.Tensor) -> str:
         return ", ".join(f"{float(x):.4g}" for x in t.detach().reshape(-1)[:4].float()) + (", …" if t.numel() > 4 else "")
 
-    mine = f"{shape_of(got)} starting [{head(got)}]" if isinstance(got, torch.Tensor) else shape_of(got)
-    where = f"for {given} " if given else ""
-    return f"{where}should be {list(want.shape)} starting [{head(want)}]; yours is {mine}"
+    mine = _("{got} starting [{head}]").format(got=shape_of(got), head=head(got)) if isinstance(got, torch.Tensor) else shape_of(got)
+    where = _("for {given} ").format(given=given) if given else ""
+    return _("{where}should be {want_shape} starting [{head}]; yours is {mine}").format(where=where, want_shape=list(want.shape),
+        head=head(want), mine=mine)
 
 
 def shapes(**inputs: Any) -> str:
