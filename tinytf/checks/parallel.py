@@ -22,7 +22,7 @@ import torch
 from ..attention import scaled_dot_product_attention
 from ..parallel import shard_qkv
 from ..ring import Layout, unshard_sequence
-from ..translation import _
+from ..translation import N_, _
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, quietly
@@ -94,7 +94,7 @@ def diagnose_row_parallel(outputs: Sequence[torch.Tensor], reference: torch.Tens
                       "extra biases explain it. Check how the weights were split (diagnose_qkv_split).").format(bad=bad, worst=worst))]
 
 
-def diagnose_replicated(tensors: Sequence[torch.Tensor], what: str = _("the activation")) -> list[Finding]:
+def diagnose_replicated(tensors: Sequence[torch.Tensor], what: str = N_("the activation")) -> list[Finding]:
     """``tensors[r]``: what rank ``r`` holds of a tensor that every rank should hold identically. Names
     ``DROPOUT_RNG_UNSYNCED`` when they differ."""
     diff = max((t - tensors[0]).abs().max().item() for t in tensors)
@@ -103,7 +103,7 @@ def diagnose_replicated(tensors: Sequence[torch.Tensor], what: str = _("the acti
     return [found(Pitfall.DROPOUT_RNG_UNSYNCED, _("replicated activations differ between ranks"),
                   _("{what} should be the same on all {n_tensors} ranks but differs by up to {diff:.2e}: a random operation (dropout on "
                     "the residual branch) drew different numbers on different ranks.")
-                        .format(what=what, n_tensors=len(tensors), diff=diff))]
+                        .format(what=_(what), n_tensors=len(tensors), diff=diff))]
 
 
 def _local_offset_mask(layout: Layout, t: int) -> torch.Tensor:

@@ -50,25 +50,25 @@ def tensor(value: Any, shape: Sequence[int] | None, what: str, *,
 
 
 def close(value: torch.Tensor, expected: torch.Tensor, what: str, *, given: str = "", atol: float = 1e-5, rtol: float = 1e-4,
-          reference: str = _("the reference")) -> None:
+          reference: str = N_("the reference")) -> None:
     """``value`` has the shape of ``expected`` and agrees with it (compared in float32): otherwise
     "``what`` differs from ``reference``: for ``given`` (the input shapes) it should be … starting […]; yours is …"."""
     assert tuple(value.shape) == tuple(expected.shape), _("{what} has shape {value_shape}, expected {expected_shape}").format(what=what,
         value_shape=list(value.shape), expected_shape=list(expected.shape))
     assert torch.allclose(value.float(), expected.float(), atol=atol, rtol=rtol), (
-        _("{what} differs from {reference}: {should_be}").format(what=what, reference=reference,
+        _("{what} differs from {reference}: {should_be}").format(what=what, reference=_(reference),
             should_be=should_be(value, expected, given)))
 
 
-def float_inputs(*xs: Any, what: str = _("the recorded inputs")) -> list[torch.Tensor]:
+def float_inputs(*xs: Any, what: str = N_("the recorded inputs")) -> list[torch.Tensor]:
     """The recorded input tensors ``xs`` as float32 (a record a student tampered with is rejected)."""
-    assert all(isinstance(x, torch.Tensor) and x.is_floating_point() for x in xs), _("{what} are not float tensors").format(what=what)
+    assert all(isinstance(x, torch.Tensor) and x.is_floating_point() for x in xs), _("{what} are not float tensors").format(what=_(what))
     return [x.float() for x in xs]
 
 
-def bool_mask(mask: Any, what: str = _("the recorded mask")) -> torch.Tensor:
+def bool_mask(mask: Any, what: str = N_("the recorded mask")) -> torch.Tensor:
     """The recorded ``mask`` is a bool tensor (True = may attend)."""
-    assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, _("{what} is not a bool tensor").format(what=what)
+    assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, _("{what} is not a bool tensor").format(what=_(what))
     return mask
 
 
@@ -97,12 +97,12 @@ def seconds(value: Any, what: str) -> float:
     return number(value, what, positive=True, unit=N_("seconds"))
 
 
-def has_keys(value: Any, keys: Iterable[str], what: str = _("the record")) -> dict:
+def has_keys(value: Any, keys: Iterable[str], what: str = N_("the record")) -> dict:
     """``value`` is a dict holding at least ``keys``: "the record must hold 'a' and 'b'"."""
     keys = list(keys)
     names = [repr(k) for k in keys]
     listed = names[0] if len(names) == 1 else _("{value_join} and {names}").format(value_join=', '.join(names[:-1]), names=names[-1])
-    assert isinstance(value, dict) and set(keys) <= set(value), _("{what} must hold {listed}").format(what=what, listed=listed)
+    assert isinstance(value, dict) and set(keys) <= set(value), _("{what} must hold {listed}").format(what=_(what), listed=listed)
     return value
 
 
