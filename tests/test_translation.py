@@ -348,3 +348,49 @@ def test_a_findings_pitfall_label_follows_the_language(monkeypatch):
     assert Pitfall.SCALE.label() == "陷阱 1（缺少或用错 1/sqrt(d_head) 缩放）"
     assert Pitfall.SCALE.label("en") == "pitfall 1 (missing or wrong 1/sqrt(d_head) scaling)"
     assert report([]) == "没问题：没有发现任何问题。"
+
+
+# ---- what tinytf.viz draws -------------------------------------------------------------------------
+
+# the labels are checked as text; the CJK font that renders them is tests/test_viz_fonts.py's business
+pytestmark_viz = pytest.mark.filterwarnings("ignore:Glyph .* missing from font:UserWarning")
+
+
+@pytestmark_viz
+def test_the_explorer_speaks_chinese_in_a_chinese_notebook(monkeypatch):
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    from tinytf.viz import attention_explorer
+
+    monkeypatch.setenv("TINYTF_LANG", "zh")
+    monkeypatch.setenv("TINYTF_HEADLESS", "0")
+    ui = attention_explorer("a b c", heads=8, head=5)
+    assert isinstance(ui, widgets.VBox)
+    labels = [w.description for w in ui.children[0].children]
+    assert len(labels) == 7 and labels == ["句子", "分词", "掩码", "缩放", "温度", "头数", "头"], labels
+    ax, colorbar = ui.live.fig.axes[:2]
+    assert ax.get_title().startswith("第 5 个头（共 8 个）· 掩码：causal") and "缩放 1/sqrt(" in ax.get_title(), ax.get_title()
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("键（被关注）", "查询（发起关注）")
+    assert colorbar.get_ylabel() == "权重（每行之和为 1）"
+    plt.close("all")
+
+
+@pytestmark_viz
+def test_every_figure_label_is_chinese_in_a_chinese_notebook(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from tinytf.viz import cache_figure, memory_figure, online_softmax_figure
+
+    monkeypatch.setenv("TINYTF_LANG", "zh")
+    figures = {"kv cache": cache_figure(), "memory": memory_figure(), "online softmax": online_softmax_figure()}
+    assert len(figures) == 3
+    for name, fig in figures.items():
+        texts = [t for ax in fig.axes for t in (ax.get_title(), ax.get_xlabel(), ax.get_ylabel())]
+        texts += [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+        texts += [fig._suptitle.get_text()] if fig._suptitle is not None else []
+        said = [t for t in texts if t.strip()]
+        assert len(said) >= 4, (name, said)
+        assert any(re.search("[\u4e00-\u9fff]", t) for t in said), (name, said)
+        assert not [t for t in said if _latin_sentences(t)], (name, [_latin_sentences(t) for t in said])
+    plt.close("all")

@@ -27,6 +27,7 @@ import torch
 from ..attention import scaled_dot_product_attention
 from ..heads import MultiHeadAttention
 from ..masks import causal_mask
+from ..translation import _, gettext
 from ._front import interactive_figure, recall, remember
 from .cells import CellLabels
 from .fonts import displayable, has_cjk, use_cjk_font
@@ -58,7 +59,7 @@ def tokenize(sentence: str, mode: str = "auto") -> list[str]:
     between words (``"猫坐在垫子上"`` -> 6 tokens), words otherwise.
     """
     if mode not in TOKENIZERS:
-        raise ValueError(f"tokenize: mode must be one of {TOKENIZERS}, got {mode!r}")
+        raise ValueError(_("tokenize: mode must be one of {TOKENIZERS}, got {mode!r}").format(TOKENIZERS=TOKENIZERS, mode=mode))
     if mode == "auto":
         mode = "chars" if has_cjk(sentence) else "words"
     if mode == "words":
@@ -76,14 +77,15 @@ def _build_tokens(sentence: str, tokenizer: str, mask: str, pad_to: int | None) 
     """Tokens (padded when the mask uses padding) and the number of real tokens."""
     tokens = tokenize(sentence, tokenizer)
     if not tokens:
-        raise ValueError("the sentence is empty: type a few words")
+        raise ValueError(_("the sentence is empty: type a few words"))
     if len(tokens) > MAX_TOKENS:
-        raise ValueError(f"{len(tokens)} tokens is too many for a readable heatmap; use at most {MAX_TOKENS}")
+        raise ValueError(_("{n_tokens} tokens is too many for a readable heatmap; use at most {MAX_TOKENS}").format(n_tokens=len(tokens),
+            MAX_TOKENS=MAX_TOKENS))
     real = len(tokens)
     if mask in ("padding", "both"):
         target = real + 2 if pad_to is None else pad_to
         if target < real:
-            raise ValueError(f"pad_to={pad_to} is shorter than the sentence ({real} tokens)")
+            raise ValueError(_("pad_to={pad_to} is shorter than the sentence ({real} tokens)").format(pad_to=pad_to, real=real))
         tokens = tokens + [PAD] * (target - real)
     return tokens, real
 
@@ -108,13 +110,13 @@ def explorer_weights(
     the sentence is padded with ``<pad>`` to ``pad_to`` tokens (default: 2 more), on ``pad_side``.
     """
     if mask not in MASKS:
-        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+        raise ValueError(gettext("mask must be one of {MASKS}, got {mask!r}").format(MASKS=MASKS, mask=mask))
     if scaling not in SCALINGS:
-        raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+        raise ValueError(gettext("scaling must be one of {SCALINGS}, got {scaling!r}").format(SCALINGS=SCALINGS, scaling=scaling))
     if pad_side not in ("right", "left"):
-        raise ValueError(f"pad_side must be 'right' or 'left', got {pad_side!r}")
+        raise ValueError(gettext("pad_side must be 'right' or 'left', got {pad_side!r}").format(pad_side=pad_side))
     if scaling == "temperature" and not temperature > 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
+        raise ValueError(gettext("temperature must be positive, got {temperature}").format(temperature=temperature))
     tokens, real = _build_tokens(sentence, tokenizer, mask, pad_to)
     if pad_side == "left":
         tokens = tokens[real:] + tokens[:real]
@@ -168,7 +170,7 @@ class _Heatmap:
 def _heatmap_data(head: int, heads: int, annotate: bool | None, options: dict[str, Any]) -> dict[str, Any]:
     """Everything the heatmap shows, computed (and validated) before any artist is touched."""
     if not 0 <= head < heads:
-        raise ValueError(f"head must lie in [0, {heads - 1}] for heads={heads}, got {head}")
+        raise ValueError(_("head must lie in [0, {value}] for heads={heads}, got {head}").format(value=heads - 1, heads=heads, head=head))
     tokens, weights, allowed, scale = explorer_weights(heads=heads, **options)
     t, scaling, temperature = len(tokens), options["scaling"], options["temperature"]
     scale_txt = {"1/sqrt(d)": f"1/sqrt({DIM // heads})", "none": "1"}.get(scaling, f"1/({temperature:g}·sqrt({DIM // heads}))")
@@ -177,7 +179,8 @@ def _heatmap_data(head: int, heads: int, annotate: bool | None, options: dict[st
         "w": weights[head].numpy(),  # [T, T]
         "blocked": ~allowed.numpy(),  # [T, T]
         "annotate": t <= 12 if annotate is None else annotate,
-        "title": f"head {head} of {heads} · mask: {options['mask']} · scale {scale_txt} = {scale:.3f}",
+        "title": _("head {head} of {heads} · mask: {options} · scale {scale_txt} = {scale:.3f}").format(head=head, heads=heads,
+            options=options['mask'], scale_txt=scale_txt, scale=scale),
     }
 
 
@@ -201,10 +204,10 @@ def _heatmap_layout(tokens: tuple[str, ...], annotate: bool) -> tuple[Any, _Heat
     labels = [displayable(w, cjk_ok) for w in tokens]
     ax.set_xticks(range(t), labels, rotation=60, ha="right")
     ax.set_yticks(range(t), labels)
-    ax.set_xlabel("key (attended to)")
-    ax.set_ylabel("query (attending)")
+    ax.set_xlabel(_("key (attended to)"))
+    ax.set_ylabel(_("query (attending)"))
     title = ax.set_title("", fontsize=9, y=1.0)  # y given: no per-draw title placement
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight (each row sums to 1)")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=_("weight (each row sums to 1)"))
     return fig, _Heatmap((tokens, annotate), im, title, cells, hatches)
 
 
@@ -290,20 +293,21 @@ def attention_explorer(
 
     divisors = [h for h in range(1, DIM + 1) if DIM % h == 0 and h <= 8]
     if heads not in divisors:
-        raise ValueError(f"heads must be one of {divisors} (the explorer's model has dim {DIM}), got {heads}")
+        raise ValueError(_("heads must be one of {divisors} (the explorer's model has dim {DIM}), got {heads}").format(divisors=divisors,
+            DIM=DIM, heads=heads))
     style = {"description_width": "initial"}
     controls = {
-        "sentence": widgets.Text(value=sentence, description="sentence", continuous_update=False,
+        "sentence": widgets.Text(value=sentence, description=_("sentence"), continuous_update=False,
                                  layout=widgets.Layout(width="340px")),
-        "tokenizer": widgets.Dropdown(options=list(TOKENIZERS), value=tokenizer, description="tokens",
+        "tokenizer": widgets.Dropdown(options=list(TOKENIZERS), value=tokenizer, description=_("tokens"),
                                       layout=widgets.Layout(width="180px")),
-        "mask": widgets.Dropdown(options=list(MASKS), value=mask, description="mask", layout=widgets.Layout(width="180px")),
-        "scaling": widgets.Dropdown(options=list(SCALINGS), value=scaling, description="scaling",
+        "mask": widgets.Dropdown(options=list(MASKS), value=mask, description=_("mask"), layout=widgets.Layout(width="180px")),
+        "scaling": widgets.Dropdown(options=list(SCALINGS), value=scaling, description=_("scaling"),
                                     layout=widgets.Layout(width="210px")),
-        "temperature": widgets.FloatLogSlider(value=temperature, base=10, min=-1, max=1, step=0.05, description="temperature",
+        "temperature": widgets.FloatLogSlider(value=temperature, base=10, min=-1, max=1, step=0.05, description=_("temperature"),
                                               continuous_update=False, style=style),
-        "heads": widgets.Dropdown(options=divisors, value=heads, description="heads", layout=widgets.Layout(width="150px")),
-        "head": widgets.IntSlider(value=head, min=0, max=heads - 1, description="head", continuous_update=False),
+        "heads": widgets.Dropdown(options=divisors, value=heads, description=_("heads"), layout=widgets.Layout(width="150px")),
+        "head": widgets.IntSlider(value=head, min=0, max=heads - 1, description=_("head"), continuous_update=False),
     }
 
     def sync_head(change: dict) -> None:  # keep head < heads; runs before the redraw observer
