@@ -159,7 +159,7 @@ PYBABEL = $(PYTHON) -m babel.messages.frontend -q
 messages: $(SETUP) ## extract every _("...") of tinytf/, update the zh_CN catalog, compile it (Babel); translate what is new
 	@mkdir -p build
 	$(PYBABEL) extract -F babel.cfg --no-location --sort-output --project=tinytf --copyright-holder=tinytf -o $(POT) tinytf
-	$(PYBABEL) update -i $(POT) -d tinytf/locale -D tinytf -l zh_CN --no-fuzzy-matching --ignore-obsolete
+	$(PYBABEL) update -i $(POT) -d tinytf/locale -D tinytf -l zh_CN --no-fuzzy-matching --ignore-obsolete --ignore-pot-creation-date
 	$(PYBABEL) compile -d tinytf/locale -D tinytf --statistics
 
 clean: ## remove build outputs and caches (keeps .venv)
