@@ -370,7 +370,9 @@ def test_the_explorer_speaks_chinese_in_a_chinese_notebook(monkeypatch):
     labels = [w.description for w in ui.children[0].children]
     assert len(labels) == 7 and labels == ["句子", "分词", "掩码", "缩放", "温度", "头数", "头"], labels
     ax, colorbar = ui.live.fig.axes[:2]
-    assert ax.get_title().startswith("第 5 个头（共 8 个）· 掩码：causal") and "缩放 1/sqrt(" in ax.get_title(), ax.get_title()
+    assert ax.get_title().startswith("第 5 个头（共 8 个）· 掩码：因果") and "缩放 1/sqrt(" in ax.get_title(), ax.get_title()
+    mask = ui.children[0].children[2]
+    assert [label for label, _value in mask.options] == ["无", "因果", "填充", "两者都用"] and mask.value == "causal"  # values unchanged
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("键（被关注）", "查询（发起关注）")
     assert colorbar.get_ylabel() == "权重（每行之和为 1）"
     plt.close("all")

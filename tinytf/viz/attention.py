@@ -27,7 +27,7 @@ import torch
 from ..attention import scaled_dot_product_attention
 from ..heads import MultiHeadAttention
 from ..masks import causal_mask
-from ..translation import _, gettext
+from ..translation import N_, _, gettext
 from ._front import interactive_figure, recall, remember
 from .cells import CellLabels
 from .fonts import displayable, has_cjk, use_cjk_font
@@ -47,6 +47,14 @@ __all__ = [
 MASKS = ("none", "causal", "padding", "both")
 SCALINGS = ("1/sqrt(d)", "none", "temperature")
 TOKENIZERS = ("auto", "words", "chars")
+# the options as the controls show them (values stay the names above)
+_OPTION_LABELS = {"none": N_("none"), "causal": N_("causal"), "padding": N_("padding"), "both": N_("both"),
+                  "temperature": N_("temperature"), "auto": N_("auto"), "words": N_("words"), "chars": N_("chars")}
+
+
+def _labelled(options: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``[(label, value), ...]`` for a Dropdown: each option in the student's language, its value unchanged."""
+    return [(_(_OPTION_LABELS[o]) if o in _OPTION_LABELS else o, o) for o in options]
 PAD = "<pad>"
 DIM = 24  # divisible by 1, 2, 3, 4, 6, 8, 12, 24: every sensible head count works
 MAX_TOKENS = 24  # keeps the heatmap readable
@@ -179,8 +187,8 @@ def _heatmap_data(head: int, heads: int, annotate: bool | None, options: dict[st
         "w": weights[head].numpy(),  # [T, T]
         "blocked": ~allowed.numpy(),  # [T, T]
         "annotate": t <= 12 if annotate is None else annotate,
-        "title": _("head {head} of {heads} · mask: {options} · scale {scale_txt} = {scale:.3f}").format(head=head, heads=heads,
-            options=options['mask'], scale_txt=scale_txt, scale=scale),
+        "title": _("head {head} of {heads} · mask: {mask} · scale {scale_txt} = {scale:.3f}").format(head=head, heads=heads,
+            mask=_(_OPTION_LABELS.get(options["mask"], options["mask"])), scale_txt=scale_txt, scale=scale),
     }
 
 
@@ -299,10 +307,10 @@ def attention_explorer(
     controls = {
         "sentence": widgets.Text(value=sentence, description=_("sentence"), continuous_update=False,
                                  layout=widgets.Layout(width="340px")),
-        "tokenizer": widgets.Dropdown(options=list(TOKENIZERS), value=tokenizer, description=_("tokens"),
+        "tokenizer": widgets.Dropdown(options=_labelled(TOKENIZERS), value=tokenizer, description=_("tokens"),
                                       layout=widgets.Layout(width="180px")),
-        "mask": widgets.Dropdown(options=list(MASKS), value=mask, description=_("mask"), layout=widgets.Layout(width="180px")),
-        "scaling": widgets.Dropdown(options=list(SCALINGS), value=scaling, description=_("scaling"),
+        "mask": widgets.Dropdown(options=_labelled(MASKS), value=mask, description=_("mask"), layout=widgets.Layout(width="180px")),
+        "scaling": widgets.Dropdown(options=_labelled(SCALINGS), value=scaling, description=_("scaling"),
                                     layout=widgets.Layout(width="210px")),
         "temperature": widgets.FloatLogSlider(value=temperature, base=10, min=-1, max=1, step=0.05, description=_("temperature"),
                                               continuous_update=False, style=style),
