@@ -215,7 +215,7 @@ def cache_explorer(
                                   layout=widgets.Layout(width="130px")),
         "kv_heads": widgets.Dropdown(options=_optional(kv_heads, [1, 2, 4, 8, 16, 32, 64], "= H"), value=kv_heads,
                                      description=_("K/V heads"), layout=widgets.Layout(width="170px")),
-        "window": widgets.Dropdown(options=_optional(window, [1024, 4096, 8192, 32768], "off"), value=window,
+        "window": widgets.Dropdown(options=_optional(window, [1024, 4096, 8192, 32768], _("off")), value=window,
                                    description=_("window"), layout=widgets.Layout(width="170px")),
         "head_dim": widgets.Dropdown(options=choices(head_dim, [32, 64, 128, 256]), value=head_dim, description="d_head",
                                      layout=widgets.Layout(width="150px")),
