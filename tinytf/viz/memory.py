@@ -95,7 +95,7 @@ def _memory_data(batch: int, heads: int, dim: int, layers: int, vocab: int, expa
     leds = memory_curves(config, batch, ts, dtype, **kwargs)
     names = tuple(n for n in Ledger.COMPONENTS if any(getattr(led, n) for led in leds))
     stacks = np.array([[getattr(led, n) / GiB for led in leds] for n in names])
-    what = _("{mode}, {attention} attention, {dtype} ({dtype_bytes} B/elem)").format(mode=mode, attention=attention, dtype=dtype,
+    what = _("{mode}, {attention} attention, {dtype} ({dtype_bytes} B/elem)").format(mode=_(mode), attention=attention, dtype=dtype,
         dtype_bytes=dtype_bytes(dtype)) + (_(", mixed precision") if mixed_precision else "")
     last = leds[-1]
     points = tuple((int(t), float(b)) for t, b in measured) if measured else ()
