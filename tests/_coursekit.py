@@ -7,6 +7,7 @@ import contextlib
 import copy
 import fcntl
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -265,69 +266,7 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
     return expected
 
 
-# -- an instructor notebook's own code, run in-process (tests/test_reference_exNN.py) ----------------
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def instructor_cells(notebook: str) -> dict[str, Any]:
-    """``{grade_id: cell}`` of ``solutions/<notebook>`` (nbformat nodes: ``cell.source`` is a string)."""
-    nb = nbformat.read(REPO_ROOT / "solutions" / notebook, as_version=4)
-    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells if "nbgrader" in c.metadata}
-
-
-def run_cells(cells: dict[str, Any], grade_ids: tuple[str, ...], space: dict | None = None) -> dict:
-    """Execute the cells ``grade_ids`` in order in ``space`` (a fresh ``__main__`` namespace by default)."""
-    space = {"__name__": "__main__", "device": "cpu", "fast": True} if space is None else space
-    for gid in grade_ids:
-        exec(compile(cells[gid].source, f"<{gid}>", "exec"), space)  # noqa: S102 - our own notebook code
-    return space
-
-
-def hidden_part(cell: Any) -> str:
-    return cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
-
-
-def graded_points(cells: dict[str, Any]) -> dict[str, float]:
-    """``{grade_id: points}`` of every graded cell (tests and written answers)."""
-    return {gid: c.metadata["nbgrader"].get("points", 0) for gid, c in cells.items() if c.metadata["nbgrader"].get("grade")}
-
-
-def assert_hidden_tests_use_their_probes(cells: dict[str, Any], tests: tuple[str, ...], probes: dict, probes_alias: str) -> None:
-    """Every test cell has a judge and a probe, and its hidden part records once, through ``judged_record``, on
-    fresh inputs from that probe."""
-    from tinytf.course.judges import JUDGES, load_all
-
-    load_all()
-    graded = [gid for gid, c in cells.items() if c.metadata["nbgrader"].get("grade") and c.cell_type == "code"]
-    assert sorted(graded) == sorted(tests) == sorted(probes)
-    assert all(gid in JUDGES for gid in tests)
-    for gid in tests:
-        hidden = hidden_part(cells[gid])
-        assert hidden.count("record(") == 1 and f'judged_record("{gid}"' in hidden, gid
-        assert ".seed()" in hidden and f'PROBES["{gid}"]' in hidden.replace(probes_alias, "PROBES"), f"{gid}: fresh inputs from its probe"
-
-
-def record_tests(ns: dict, cells: dict[str, Any], tests: tuple[str, ...], folder: Path) -> dict[str, dict]:
-    """Run every test cell (visible and hidden parts) in ``ns`` with recording into ``folder``; the records."""
-    import pytest
-
-    from tinytf.course.record import RECORD_ENV, load_records
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(RECORD_ENV, str(folder))
-        run_cells(cells, tests, ns)
-    found = load_records(folder)
-    assert sorted(found) == sorted(tests)
-    return found
-
-
-def assert_judges_accept(records: dict[str, dict]) -> None:
-    from tinytf.course.judges import run_judge
-
-    for gid, rec in records.items():
-        ok, msg = run_judge(gid, rec["value"], rec["inputs"])
-        assert ok, f"{gid}: {msg}"
 
 
 # -- one fresh release per test session, shared by the test files (and their xdist workers) ------------
@@ -377,3 +316,25 @@ def fresh_release(lang: str = "en") -> Path:
                 release(REPO_ROOT / src, root / Path(out).relative_to("exercises"))
             (root / ".complete").write_text(key)
     return root / Path(EDITION_FOLDERS[lang][1]).relative_to("exercises")
+
+
+def once_per_run(tmp_path_factory, name: str, build) -> Path:
+    """A folder built once per test run and shared by every xdist worker: ``build(folder)`` fills it.
+
+    A module fixture may be set up more than once in one run (under ``--dist loadgroup`` a worker that
+    runs another file's tests in between tears it down), and two workers may need the same grading run;
+    the folder lives in the run's shared temporary root (pytest-xdist's documented pattern for
+    session-wide work), so the second set-up reads what the first one wrote. A failed build leaves no
+    ``.complete`` marker and is built again. Read-only for the tests: copy what you change.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # popen-gwN's parent: the same folder for every worker of this run
+    folder = root / f"once-{name}"
+    with _locked(root / f"once-{name}.lock"):
+        if not (folder / ".complete").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            build(folder)
+            (folder / ".complete").write_text(name)
+    return folder

@@ -43,3 +43,11 @@ def cuda() -> torch.device:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (none here)")
     return torch.device("cuda")
+
+
+@pytest.fixture
+def small_lm(device) -> tinytf.TinyLanguageModel:
+    """A seeded TinyLanguageModel (V=40, D=32, H=4, 3 layers, 32 positions) on the device, in eval mode: the
+    model of the generation and KV-cache tests."""
+    torch.manual_seed(0)
+    return tinytf.TinyLanguageModel(vocab=40, dim=32, heads=4, layers=3, max_tokens=32).to(device).eval()

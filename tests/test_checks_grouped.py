@@ -6,15 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from _diagnoses import pitfalls
 
 import tinytf
 from tinytf.checks import CATALOG, Pitfall, diagnose_expand_kv, diagnose_kv_grouping, diagnose_window, glance_table, report
 from tinytf.checks.grouped import interleaved, tiled_heads
-
-
-def pitfalls(findings):
-    return {f.pitfall for f in findings}
-
 
 # ---- K/V head sharing ------------------------------------------------------------------------------
 

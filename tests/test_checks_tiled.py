@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from _diagnoses import pitfalls
 
 import tinytf
 from tinytf import online_softmax_update
@@ -125,10 +126,6 @@ def make_causal(end="right", strict=False):
         return out, computed
 
     return causal
-
-
-def pitfalls(findings):
-    return {f.pitfall for f in findings}
 
 
 def test_correct_code_gets_no_finding():

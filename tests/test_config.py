@@ -6,7 +6,15 @@ import dataclasses
 import pytest
 import torch
 
-from tinytf import CausalSelfAttention, ModelConfig, MultiHeadAttention, TinyLanguageModel, TransformerBlock
+from tinytf import (
+    CausalSelfAttention,
+    ModelConfig,
+    MultiHeadAttention,
+    TinyLanguageModel,
+    TransformerBlock,
+    load_checkpoint,
+    save_checkpoint,
+)
 from tinytf.config import BACKENDS, NORMS
 
 CHOICES = {"norm": "post", "dropout": 0.1, "backend": "sdpa", "bias": False}
@@ -39,6 +47,7 @@ def test_config_dict_round_trip_and_old_dicts_get_the_defaults():
         ({"expansion": 0}, "expansion must be a positive integer"),
         ({"dim": 32.0}, r"dim must be an integer, got 32.0"),
         ({"bias": "no"}, "bias must be True or False"),
+        ({"window": 0}, "window must be a positive integer"),
     ],
 )
 def test_config_validates_itself(fields, message):
@@ -112,3 +121,26 @@ def test_a_config_and_other_values_at_once_is_an_error_that_shows_the_fix():
     with pytest.raises(ValueError, match=r"MultiHeadAttention\(config, \.\.\.\).*'backend': 'sdpa'"):
         MultiHeadAttention(cfg, backend="sdpa")
     assert TransformerBlock(dataclasses.replace(cfg, heads=8)).attn.heads == 8
+
+
+def test_kv_heads_must_divide_heads():
+    for bad in (3, 0, 5, 8):
+        with pytest.raises(ValueError, match=rf"kv_heads={bad} does not divide heads=4.*among \[1, 2, 4\]"):
+            MultiHeadAttention(32, 4, kv_heads=bad)
+    with pytest.raises(ValueError, match=r"kv_heads=3 does not divide heads=4"):
+        ModelConfig(dim=32, heads=4, kv_heads=3)
+    with pytest.raises(ValueError, match="kv_heads must be an integer"):
+        ModelConfig(dim=32, heads=4, kv_heads=True)
+
+
+def test_config_kv_heads_defaults_and_canonical_form(tmp_path):
+    assert ModelConfig(heads=4, kv_heads=4) == ModelConfig(heads=4)
+    assert ModelConfig(heads=4, kv_heads=4).kv_heads is None and ModelConfig(heads=4).n_kv_heads == 4
+    assert ModelConfig(heads=4, kv_heads=1).n_kv_heads == 1
+    old = {"vocab": 7, "dim": 12, "heads": 3, "layers": 1, "max_tokens": 5}  # a dict from before the field
+    assert ModelConfig.from_dict(old).kv_heads is None and ModelConfig.from_dict(old).window is None
+    model = TinyLanguageModel(vocab=20, dim=16, heads=4, layers=2, max_tokens=8, kv_heads=2).eval()
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "g.pt", model)).model.eval()
+    assert loaded.config.kv_heads == 2
+    ids = torch.randint(0, 20, (2, 8))
+    torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)

@@ -50,23 +50,29 @@ def _student_notebook(case: dict) -> dict:
     return nb
 
 
-@pytest.fixture(scope="module")
-def submissions(tmp_path_factory) -> Path:
-    subs = tmp_path_factory.mktemp("corpus") / "submissions"
+def _write_submissions(folder: Path) -> None:
     for path in CASES:
         case = json.loads(path.read_text(encoding="utf-8"))
-        folder = subs / _case_id(path)
-        folder.mkdir(parents=True)
-        (folder / RELEASED[case["exercise"]].name).write_text(json.dumps(_student_notebook(case)), encoding="utf-8")
-    return subs
+        (folder / _case_id(path)).mkdir(parents=True)
+        (folder / _case_id(path) / RELEASED[case["exercise"]].name).write_text(json.dumps(_student_notebook(case)), encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
-def graded(submissions) -> dict[tuple[str, str], dict]:
-    """``{(student, exercise): {"status", "points", "max_points"}}`` over the autograded cells, one run."""
-    out = submissions.parent / "out"
+def submissions(tmp_path_factory) -> Path:
+    """Every case as a student's folder: written once per test run, shared by both xdist workers."""
+    return K.once_per_run(tmp_path_factory, "corpus-submissions", _write_submissions)
+
+
+def _grade_corpus(submissions: Path):
     exercises = sorted({json.loads(p.read_text(encoding="utf-8"))["exercise"] for p in CASES})
-    grade(submissions, out, exercises=exercises, jobs=2, timeout=60, notebook_timeout=300, progress=False)
+    return lambda out: grade(submissions, out, exercises=exercises, jobs=2, timeout=60, notebook_timeout=300, progress=False)
+
+
+@pytest.fixture(scope="module")
+def graded(submissions, tmp_path_factory) -> dict[tuple[str, str], dict]:
+    """``{(student, exercise): {"status", "points", "max_points"}}`` over the autograded cells: one grading
+    run of the whole corpus per test run (kept on disk, so a second set-up of this fixture reads it)."""
+    out = K.once_per_run(tmp_path_factory, "corpus-graded", _grade_corpus(submissions))
     with (out / "grades.csv").open(newline="", encoding="utf-8") as f:
         status = {(r["student"], r["exercise"]): r["status"] for r in csv.DictReader(f)}
     result: dict[tuple[str, str], dict] = {}
@@ -123,7 +129,7 @@ def _assert_each_finding_prints_its_own_fix(report, text: str) -> None:
     """A finding with its own fix prints that fix (in the report's language) as its fix line, never the catalog's."""
     lines = text.splitlines()
     for f in report.findings:
-        own = (f.get("fix_zh") if report.lang == "zh" else "") or f.get("fix")
+        own = f.get("fix")  # said in the report's language by the catalog, like title and evidence
         if not own:
             continue
         start = next(i for i, line in enumerate(lines) if line.startswith("  x [") and line.endswith(f" {f['title']}"))

@@ -14,19 +14,24 @@ from tinytf.course.check_report import finding_lines
 from tinytf.course.diagnosis import finding_json
 from tinytf.course.nbgrader_root import REPO
 from tinytf.course.reference import ex05, ex07
+from tinytf.translation import _
 
 
 def _lines(f: Finding, lang: str) -> list[str]:
     return finding_lines(json.loads(json.dumps(finding_json(f))), lang)  # as validate reads it back
 
 
-def test_found_with_its_own_fix_says_that_fix_not_the_catalogs():
-    f = found(Pitfall.CAUSAL_OFF_BY_ONE, "t", "evidence.", fix="use causal_mask(t, past + t)", fix_zh="用 causal_mask(t, past + t)")
+def test_found_with_its_own_fix_says_that_fix_not_the_catalogs(monkeypatch):
+    f = found(Pitfall.CAUSAL_OFF_BY_ONE, "t", "evidence.", fix="use causal_mask(t, past + t)")
     assert f.fix == "use causal_mask(t, past + t)" and f.message.endswith("Fix: use causal_mask(t, past + t).")
     assert "tril" not in f.message
-    en, zh = _lines(f, "en"), _lines(f, "zh")
+    en = _lines(f, "en")
     assert len(en) == 3 and en[1].strip() == "evidence." and en[2].strip() == "Fix: use causal_mask(t, past + t)"
-    assert zh[-1].strip() == "修复：用 causal_mask(t, past + t)" and "tril" not in "\n".join(zh)
+    monkeypatch.setenv("TINYTF_LANG", "zh")  # a Chinese kernel: its own fix comes from the one catalog, like its title
+    g = found(Pitfall.CAUSAL_OFF_BY_ONE, "t", "evidence.", fix=_("call diagnose_block(factory, dim=D)"))
+    zh = _lines(g, "zh")
+    assert g.fix == "调用 diagnose_block(factory, dim=D)" and g.message.endswith("修复：调用 diagnose_block(factory, dim=D)。")
+    assert zh[-1].strip() == "修复：调用 diagnose_block(factory, dim=D)" and "tril" not in "\n".join(zh)
 
 
 def test_without_its_own_fix_the_catalogs_fix_is_the_fallback():
@@ -108,3 +113,32 @@ def test_a_probe_that_writes_into_src_is_a_problem_of_the_probe_fixed_by_a_clone
         text = "\n".join(_lines(findings[0], lang))
         assert "masked_fill" not in text and ("clone" in text.splitlines()[-1] or "克隆" in text.splitlines()[-1]), text
     assert ex05._diagnose_probe(_probe(clone=True), ns) == []  # the fix applied: the finding disappears
+
+
+def test_relation_names_a_clean_ratio_or_an_off_by_one():
+    from tinytf.checks.findings import relation, shape_relation, tensor_relation
+
+    assert relation(107692032, 215384064, suspects={"dtype_bytes=4 looks ignored": 0.5}) == (
+        "exactly half the right value: dtype_bytes=4 looks ignored")
+    assert relation(6, 5, step=("tile", 1)) == "one tile more than the right value (off by one)"
+    assert relation(4, 5) == "one less than the right value (off by one)"
+    assert relation(12, 4) == "exactly 3× the right value" and relation(30, 40) == "exactly 3/4 of the right value"
+    assert relation(7, 13) == "" and relation(5, 5) == "" and relation(1, 0) == ""  # no clean relation, or nothing wrong
+    assert relation(1 / 8, 1 / math.sqrt(8)) == "exactly 1/sqrt(8) = 1/2.83 of the right value"
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    assert tensor_relation(x * 2, x, suspects={"counted twice": 2}) == "exactly twice the right value: counted twice"
+    assert tensor_relation(x + 1, x) == "" and tensor_relation(x[:2], x) == ""  # not one factor; another shape
+    assert tensor_relation(x * 1.00005, x) == ""  # the same values to float rounding: nothing to name
+    assert shape_relation([2, 6, 4], [2, 5, 4], ["B", "Tq", "d"]) == "dim 1 (Tq) has one more (6) than it should (5)"
+    assert shape_relation([3, 2], [2, 3]) == "" and shape_relation([2, 7], [2, 5]) == ""  # transposed; two off
+
+
+def test_the_ex05_judge_rejects_a_probe_that_changed_its_inputs():
+    from tinytf.course.judges import run_judge
+
+    ns = _ex05_namespace()
+    value, inputs = ex05._probe_encdec({**ns, "probe_encoder_decoder": _probe(clone=True)}, torch.Generator().manual_seed(1))
+    assert run_judge("ex05_encdec", value, inputs) == (True, "ok")
+    edited = {**inputs["after"], "src": inputs["after"]["src"] + 1}
+    ok, why = run_judge("ex05_encdec", value, {**inputs, "after": edited})
+    assert not ok and why.startswith("probe_encoder_decoder changed its input src") and "clone the input" in why, why

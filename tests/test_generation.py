@@ -8,12 +8,6 @@ from tinytf import KVCache, ModelConfig, RollingKVCache, TinyLanguageModel, cach
 from tinytf.generation import sample_next
 
 
-@pytest.fixture
-def model(device):
-    torch.manual_seed(0)
-    return TinyLanguageModel(vocab=40, dim=32, heads=4, layers=3, max_tokens=32).to(device).eval()
-
-
 @pytest.mark.parametrize("backend", ["explicit", "sdpa", "tiled"])
 def test_greedy_generation_identical_with_and_without_cache(device, backend):
     torch.manual_seed(1)
@@ -25,41 +19,41 @@ def test_greedy_generation_identical_with_and_without_cache(device, backend):
     assert torch.equal(a[:, :5], prompts)
 
 
-def test_sampling_is_reproducible_with_a_generator(model, device):
+def test_sampling_is_reproducible_with_a_generator(small_lm, device):
     prompts = torch.randint(0, 40, (2, 3), device=device)
-    runs = [generate(model, prompts, 10, top_k=5, generator=torch.Generator(device=device).manual_seed(7)) for _ in range(2)]
+    runs = [generate(small_lm, prompts, 10, top_k=5, generator=torch.Generator(device=device).manual_seed(7)) for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
 
 
-def test_generate_stops_at_max_tokens_with_a_message(model, device):
+def test_generate_stops_at_max_tokens_with_a_message(small_lm, device):
     prompts = torch.randint(0, 40, (1, 30), device=device)
     with pytest.warns(UserWarning, match="max_tokens=32"):
-        out = generate(model, prompts, 10, temperature=0)
+        out = generate(small_lm, prompts, 10, temperature=0)
     assert out.shape == (1, 32)
     with pytest.raises(ValueError, match="max_tokens=32"):
-        generate(model, torch.randint(0, 40, (1, 33), device=device), 1)
+        generate(small_lm, torch.randint(0, 40, (1, 33), device=device), 1)
 
 
-def test_sampled_generation_identical_with_and_without_cache(model, device):
+def test_sampled_generation_identical_with_and_without_cache(small_lm, device):
     prompts = torch.randint(0, 40, (3, 4), device=device)
     runs = [
-        generate(model, prompts, 15, use_cache=c, temperature=0.8, top_k=10, generator=torch.Generator(device=device).manual_seed(3))
+        generate(small_lm, prompts, 15, use_cache=c, temperature=0.8, top_k=10, generator=torch.Generator(device=device).manual_seed(3))
         for c in (True, False)
     ]
     assert torch.equal(runs[0], runs[1])
 
 
-def test_generate_edge_cases_and_mode(model, device):
+def test_generate_edge_cases_and_mode(small_lm, device):
     prompts = torch.randint(0, 40, (2, 3), device=device)
-    model.train()
-    assert torch.equal(generate(model, prompts, 0), prompts)
-    assert model.training  # generate switches to eval and back
+    small_lm.train()
+    assert torch.equal(generate(small_lm, prompts, 0), prompts)
+    assert small_lm.training  # generate switches to eval and back
     with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
-        generate(model, prompts, -1)
+        generate(small_lm, prompts, -1)
     with pytest.raises(ValueError, match="at least one token"):
-        generate(model, prompts[:, :0], 3)
+        generate(small_lm, prompts[:, :0], 3)
     with pytest.raises(ValueError, match=r"ids \[B, T\]"):
-        generate(model, prompts[0], 3)
+        generate(small_lm, prompts[0], 3)
 
 
 @pytest.mark.parametrize(("fields", "kind", "shape"), [

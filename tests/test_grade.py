@@ -10,6 +10,7 @@ import csv
 import hashlib
 import html
 import json
+import pickle
 import sys
 import textwrap
 import time
@@ -36,18 +37,24 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    base = tmp_path_factory.mktemp("grading")
+def _grade_corpus(base: Path) -> None:
+    """The submissions, their checksums before grading, and one grading run of them (``base/out``)."""
     subs = base / "submissions"
     released = K.fresh_release("en")  # today's solutions released (once per session; exercises/ is checked by test_release)
     expected = K.build_corpus(subs, released, REPO / "solutions")
-    before = {p: _sha(p) for p in subs.rglob("*") if p.is_file()}
+    before = {str(p.relative_to(subs)): _sha(p) for p in subs.rglob("*") if p.is_file()}
     results = grade(subs, base / "out", exercises=["ex01", "ex07"], jobs=2, timeout=CELL_TIMEOUT,
                     notebook_timeout=NOTEBOOK_TIMEOUT, memory_mb=3072, released=released, progress=False)
-    print(f"\ngraded {len(results)} notebooks (timings: make bench)\n" + (base / "out" / "grades.csv").read_text())
-    return {"released": released,
-            "base": base, "subs": subs, "out": base / "out", "expected": expected, "before": before, "results": results}
+    (base / "run.pickle").write_bytes(pickle.dumps({"expected": expected, "before": before, "results": results}))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The hostile and honest class graded once per test run (on disk: a second set-up reads it)."""
+    base = K.once_per_run(tmp_path_factory, "grade-corpus", _grade_corpus)
+    run = pickle.loads((base / "run.pickle").read_bytes())
+    print(f"\ngraded {len(run['results'])} notebooks (timings: make bench)\n" + (base / "out" / "grades.csv").read_text())
+    return dict(run, released=K.fresh_release("en"), base=base, subs=base / "submissions", out=base / "out")
 
 
 def test_every_submission_gets_its_expected_status_and_score(corpus):
@@ -114,7 +121,7 @@ def test_feedback_exists_for_everyone_and_never_shows_hidden_tests(corpus):
 
 
 def test_submissions_are_never_modified_and_the_whole_notebook_limit_stops_a_loop_in_every_cell(corpus):
-    after = {p: _sha(p) for p in corpus["subs"].rglob("*") if p.is_file()}
+    after = {str(p.relative_to(corpus["subs"])): _sha(p) for p in corpus["subs"].rglob("*") if p.is_file()}
     assert after == corpus["before"]
     # without the whole-notebook limit the looping notebook alone would cost 12 cells x CELL_TIMEOUT = 120 s:
     # every one of its test cells says it was stopped by that limit, the limit it was given
@@ -140,22 +147,27 @@ def _subset(corpus: dict, subs: Path, out: Path, **kw) -> Path:
     return out
 
 
-def test_rerun_gives_the_same_gradebook(corpus, tmp_path):
+@pytest.fixture
+def keep_run(corpus, tmp_path_factory) -> Path:
+    """The KEEP students graded again on ex01, once per test run: the re-run and the whole for the shards."""
+    return K.once_per_run(tmp_path_factory, "grade-keep", lambda base: _subset(corpus, base / "subs", base / "out")) / "out"
+
+
+def test_rerun_gives_the_same_gradebook(corpus, keep_run):
     keep = KEEP
-    _subset(corpus, tmp_path / "again", tmp_path / "out")
     for name in ("grades.csv", "grades_per_cell.csv"):
         first = [r for r in _rows(corpus["out"] / name) if r["student"] in keep and r["exercise"] == "ex01"]
-        assert _rows(tmp_path / "out" / name) == first, name
+        assert _rows(keep_run / name) == first, name
     for student in keep:
         for page in (corpus["out"] / "feedback" / student).glob("ex01.html"):
-            assert (tmp_path / "out" / "feedback" / student / page.name).read_bytes() == page.read_bytes(), page
+            assert (keep_run / "feedback" / student / page.name).read_bytes() == page.read_bytes(), page
 
 
-def test_two_shards_merged_are_byte_identical_to_one_run(corpus, tmp_path):
+def test_two_shards_merged_are_byte_identical_to_one_run(corpus, keep_run, tmp_path):
     from tinytf.course.shard import merge, shard_of
 
     assert sorted({shard_of(s, 2) for s in KEEP}) == [0, 1], "both shards grade someone"
-    whole = _subset(corpus, tmp_path / "subs", tmp_path / "whole")
+    whole = keep_run  # the KEEP students in one run
     shards = [_subset(corpus, tmp_path / "subs", tmp_path / f"shard{k}", shard=(k, 2)) for k in (1, 0)]
     merge(shards, tmp_path / "merged")
     for name in ("grades.csv", "grades_per_cell.csv", "summary.txt"):

@@ -31,10 +31,8 @@ def _with_case(nb: dict, cells: dict[str, str]) -> dict:
     return nb
 
 
-@pytest.fixture(scope="module")
-def klass(tmp_path_factory):
-    """Released both editions afresh; three students per edition: correct, wrong (the corpus case), tampered."""
-    base = tmp_path_factory.mktemp("editions")
+def _grade_class(base: Path) -> None:
+    """Three students per edition (correct, wrong: the corpus case, tampered), graded in one run."""
     released = K.fresh_release("en")  # both editions (zh/ inside), released once per session from today's solutions
     notebooks = {}
     for lang, (src, sub) in FOLDERS.items():
@@ -46,9 +44,15 @@ def klass(tmp_path_factory):
         K.save(_with_case(json.loads(json.dumps(nb)), CASE["cells"]), subs / f"wrong_{lang}" / NAME)
         K.save(K.edited(nb, test_id, "assert True\n"), subs / f"tampered_{lang}" / NAME)
     grade(subs, base / "out", exercises=[EX], jobs=2, timeout=30, notebook_timeout=120, released=released, progress=False)
+
+
+@pytest.fixture(scope="module")
+def klass(tmp_path_factory):
+    """A class of both editions graded once per test run (on disk: a second set-up reads it)."""
+    base = K.once_per_run(tmp_path_factory, "editions-class", _grade_class)
     with (base / "out" / "grades.csv").open(newline="", encoding="utf-8") as f:
         rows = {r["student"]: r for r in csv.DictReader(f)}
-    return {"base": base, "released": released, "rows": rows, "out": base / "out", "subs": subs}
+    return {"base": base, "released": K.fresh_release("en"), "rows": rows, "out": base / "out", "subs": base / "submissions"}
 
 
 def test_each_edition_is_graded_like_its_twin(klass):

@@ -1,4 +1,5 @@
-"""Grouped-query and multi-query attention: exact against PyTorch on every backend, with and without the cache."""
+"""Grouped-query and multi-query attention: exact against PyTorch on every backend (the cache with fewer K/V heads is
+tested in test_kvcache.py, `kv_heads` in the config in test_config.py)."""
 
 import pytest
 import torch
@@ -7,16 +8,10 @@ import torch.nn.functional as F
 import tinytf
 from tinytf import (
     CausalSelfAttention,
-    KVCache,
-    ModelConfig,
     MultiHeadAttention,
-    TinyLanguageModel,
     causal_mask,
-    generate,
-    load_checkpoint,
     padding_mask,
     repeat_kv,
-    save_checkpoint,
 )
 from tinytf.grouped import kv_head_of
 
@@ -116,47 +111,3 @@ def test_multi_head_layout_and_outputs_unchanged():
         torch.testing.assert_close(new(x, is_causal=True), old(x, is_causal=True), atol=0, rtol=0)
     gqa = MultiHeadAttention(32, 4, kv_heads=2)
     assert gqa.qkv.weight.shape == (32 + 2 * 2 * 8, 32) and gqa.kv_heads == 2 and gqa.groups == 2
-
-
-def test_kv_heads_must_divide_heads():
-    for bad in (3, 0, 5, 8):
-        with pytest.raises(ValueError, match=rf"kv_heads={bad} does not divide heads=4.*among \[1, 2, 4\]"):
-            MultiHeadAttention(32, 4, kv_heads=bad)
-    with pytest.raises(ValueError, match=r"kv_heads=3 does not divide heads=4"):
-        ModelConfig(dim=32, heads=4, kv_heads=3)
-    with pytest.raises(ValueError, match="kv_heads must be an integer"):
-        ModelConfig(dim=32, heads=4, kv_heads=True)
-
-
-def test_config_kv_heads_defaults_and_canonical_form(tmp_path):
-    assert ModelConfig(heads=4, kv_heads=4) == ModelConfig(heads=4)
-    assert ModelConfig(heads=4, kv_heads=4).kv_heads is None and ModelConfig(heads=4).n_kv_heads == 4
-    assert ModelConfig(heads=4, kv_heads=1).n_kv_heads == 1
-    old = {"vocab": 7, "dim": 12, "heads": 3, "layers": 1, "max_tokens": 5}  # a dict from before the field
-    assert ModelConfig.from_dict(old).kv_heads is None and ModelConfig.from_dict(old).window is None
-    model = TinyLanguageModel(vocab=20, dim=16, heads=4, layers=2, max_tokens=8, kv_heads=2).eval()
-    loaded = load_checkpoint(save_checkpoint(tmp_path / "g.pt", model)).model.eval()
-    assert loaded.config.kv_heads == 2
-    ids = torch.randint(0, 20, (2, 8))
-    torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kv_heads", [2, 1])
-def test_cache_stores_kv_heads_and_decoding_matches_recomputation(device, backend, kv_heads):
-    torch.manual_seed(kv_heads)
-    model = TinyLanguageModel(vocab=40, dim=32, heads=4, layers=2, max_tokens=24, backend=backend,
-                              kv_heads=kv_heads).to(device).eval()
-    ids = torch.randint(0, 40, (3, 18), device=device)
-    cache = KVCache.for_model(model, batch=3)
-    assert cache.shape == (2, 3, kv_heads, 24, 8)
-    mha = KVCache.for_model(TinyLanguageModel(vocab=40, dim=32, heads=4, layers=2, max_tokens=24), batch=3)
-    assert mha.nbytes() == cache.nbytes() * (4 // kv_heads)
-    with torch.no_grad():
-        full = model(ids)
-        torch.testing.assert_close(model(ids[:, :6], cache=cache), full[:, :6], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(model(ids[:, 6:9], cache=cache), full[:, 6:9], atol=1e-5, rtol=1e-5)  # chunk
-        for t in range(9, 18):
-            torch.testing.assert_close(model(ids[:, t : t + 1], cache=cache)[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
-    prompt = ids[:, :4]
-    assert torch.equal(generate(model, prompt, 16, temperature=0), generate(model, prompt, 16, temperature=0, use_cache=False))

@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tinytf import CausalSelfAttention, MultiHeadAttention, causal_mask, count_parameters, padding_mask
+from tinytf.config import BACKENDS
 
 
 def torch_mha_from(ours: MultiHeadAttention) -> nn.MultiheadAttention:
@@ -156,3 +158,19 @@ def test_dropout_only_in_train_mode():
     torch.testing.assert_close(m(x), m(x))
     m.train()
     assert not torch.allclose(m(x), m(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_windowed_attention_matches_pytorch_on_every_backend(device, backend, kv_heads):
+    torch.manual_seed(1)
+    attn = CausalSelfAttention(32, 4, 40, kv_heads=kv_heads, window=5, backend=backend).to(device).eval()
+    x = torch.randn(2, 40, 32, device=device)
+    q, k, v = attn.project(x)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(40, window=5, device=device), enable_gqa=True)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), attn.proj(attn.merge_heads(want)))
+        full = CausalSelfAttention(32, 4, 40, kv_heads=kv_heads, backend=backend).to(device).eval()
+        full.load_state_dict(attn.state_dict())
+        assert not torch.allclose(full(x), attn(x))  # the window changes the output
+        torch.testing.assert_close(full(x[:, :5]), attn(x[:, :5]))  # ... not while T <= window

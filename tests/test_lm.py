@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tinytf import ModelConfig, TinyLanguageModel, count_parameters, lm_loss, train_step
+from tinytf.config import BACKENDS
 
 
 def test_logits_shape_and_future_leak(device):
@@ -123,3 +124,17 @@ def test_the_ways_to_build_a_model_agree():
     assert all(m.config == cfg for m in built)
     shapes = {k: v.shape for k, v in built[0].state_dict().items()}
     assert all({k: v.shape for k, v in m.state_dict().items()} == shapes for m in built)
+
+
+def test_windowed_lm_backends_agree_across_tiles(device):
+    """T = 150 spans three 64-row tiles of the tiled backend; window 70 crosses tile borders."""
+    torch.manual_seed(2)
+    models = [TinyLanguageModel(vocab=30, dim=32, heads=4, layers=2, max_tokens=150, window=70, backend=be).to(device).eval()
+              for be in BACKENDS]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    ids = torch.randint(0, 30, (2, 150), device=device)
+    with torch.no_grad():
+        outs = [m(ids) for m in models]
+    for other in outs[1:]:
+        torch.testing.assert_close(other, outs[0], atol=1e-5, rtol=1e-5)

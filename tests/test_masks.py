@@ -1,4 +1,4 @@
-"""tinytf.causal_mask and tinytf.padding_mask."""
+"""tinytf.causal_mask (with and without a sliding window) and tinytf.padding_mask."""
 
 import pytest
 import torch
@@ -45,3 +45,23 @@ def test_padding_mask_errors():
         padding_mask([[1, 2]], 4)
     with pytest.raises(ValueError, match="side"):
         padding_mask([1], 4, side="middle")
+
+
+@pytest.mark.parametrize("t_q,t_k", [(1, 1), (5, 5), (3, 9), (1, 7), (8, 8)])
+@pytest.mark.parametrize("window", [1, 2, 3, 7, 20])
+def test_window_mask_is_the_last_window_keys_end_aligned(t_q, t_k, window):
+    mask = causal_mask(t_q, t_k, window=window)
+    for i in range(t_q):
+        pos = t_k - t_q + i  # the query's absolute position
+        assert mask[i].nonzero().flatten().tolist() == list(range(max(0, pos - window + 1), pos + 1))
+    assert mask.sum(-1).max() <= window
+    if window >= t_k:
+        assert torch.equal(mask, causal_mask(t_q, t_k))
+    if window == 1:
+        assert torch.equal(mask, torch.eye(t_k, dtype=torch.bool)[t_k - t_q :])
+
+
+def test_window_must_be_a_positive_integer():
+    for bad in (0, -3, True, 2.5):
+        with pytest.raises(ValueError, match="window must be a positive integer"):
+            causal_mask(4, window=bad)

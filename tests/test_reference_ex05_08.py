@@ -12,17 +12,16 @@ import copy
 import math
 from pathlib import Path
 
+import _runner as R
 import nbformat
 import pytest
 import torch
 
 import tinytf
 from tinytf.checks import Pitfall
-from tinytf.course.judges import JUDGES, load_all, run_judge
-from tinytf.course.record import RECORD_ENV, load_records
+from tinytf.course.judges import JUDGES, load_all
 from tinytf.course.reference import ex05, ex06, ex07, ex08, ex08_probes
 
-ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {
     "ex05": "ex05_cross_attention.ipynb",
     "ex06": "ex06_explicit_vs_sdpa.ipynb",
@@ -32,39 +31,12 @@ NOTEBOOKS = {
 
 
 def _cells(ex: str) -> dict[str, nbformat.NotebookNode]:
-    nb = nbformat.read(ROOT / "solutions" / NOTEBOOKS[ex], as_version=4)
-    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells if "nbgrader" in c.metadata}
+    return R.instructor_cells(NOTEBOOKS[ex])
 
 
 def _namespace(ex: str, *grade_ids: str) -> dict:
     """Execute the named cells of the instructor notebook (setup first) in a fresh namespace."""
-    cells = _cells(ex)
-    ns: dict = {"__name__": "__main__", "device": "cpu", "fast": True}
-    for gid in (f"{ex}_setup", *grade_ids):
-        exec(compile(cells[gid].source, f"<{gid}>", "exec"), ns)  # noqa: S102 - our own notebook code
-    return ns
-
-
-def _run_tests(ex: str, ns: dict, grade_ids: tuple[str, ...], folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
-    """Run test cells (visible and hidden parts) with recording on; return the records."""
-    monkeypatch.setenv(RECORD_ENV, str(folder))
-    cells = _cells(ex)
-    for gid in grade_ids:
-        exec(compile(cells[gid].source, f"<{gid}>", "exec"), ns)  # noqa: S102
-    records = load_records(folder)
-    assert sorted(records) == sorted(grade_ids)
-    return records
-
-
-def _accepts(gid: str, value, inputs) -> None:
-    ok, msg = run_judge(gid, value, inputs)
-    assert ok, f"{gid}: {msg}"
-
-
-def _rejects(gid: str, value, inputs) -> str:
-    ok, msg = run_judge(gid, value, inputs)
-    assert not ok, f"{gid} accepted a wrong answer"
-    return msg
+    return R.run_cells(_cells(ex), (f"{ex}_setup", *grade_ids))
 
 
 def _pitfalls(findings) -> list[Pitfall]:
@@ -77,17 +49,16 @@ def _pitfalls(findings) -> list[Pitfall]:
 @pytest.mark.parametrize("ex", sorted(NOTEBOOKS))
 def test_every_grade_cell_has_a_judge_and_records_once(ex):
     load_all()
-    tests = [c for c in nbformat.read(ROOT / "solutions" / NOTEBOOKS[ex], as_version=4).cells
-             if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"]
+    cells = _cells(ex)
+    tests = [c for c in cells.values() if c.metadata["nbgrader"].get("grade") and c.cell_type == "code"]
     assert tests
     for cell in tests:
         gid = cell.metadata["nbgrader"]["grade_id"]
         assert gid.startswith(f"{ex}_") and gid in JUDGES, gid
-        hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+        hidden = R.hidden_part(cell)
         assert hidden.count("record(") == 1 and f'record("{gid}"' in hidden, gid
         assert "_g" in hidden and ".seed()" in hidden, f"{gid}: hidden inputs must be fresh random"
-    points = sum(c.metadata["nbgrader"].get("points", 0) for c in nbformat.read(ROOT / "solutions" / NOTEBOOKS[ex], as_version=4).cells
-                 if c.metadata.get("nbgrader", {}).get("grade"))
+    points = sum(R.graded_points(cells).values())
     assert 10 <= points <= 20
 
 
@@ -112,32 +83,32 @@ def ex05_ns():
     return _namespace("ex05", *EX05_CODE)
 
 
-def test_ex05_solution_passes_its_judges_and_wrong_answers_fail(ex05_ns, tmp_path, monkeypatch):
-    recs = _run_tests("ex05", dict(ex05_ns), EX05_TESTS, tmp_path, monkeypatch)
+def test_ex05_solution_passes_its_judges_and_wrong_answers_fail(ex05_ns, tmp_path):
+    recs = R.record_tests(dict(ex05_ns), _cells("ex05"), EX05_TESTS, tmp_path)
     for gid, rec in recs.items():
-        _accepts(gid, rec["value"], rec["inputs"])
+        R.accepts(gid, rec["value"], rec["inputs"])
 
     inp = recs["ex05_attention"]["inputs"]
     q, k, v, mask = inp["q"], inp["k"], inp["v"], inp["mask"]
     unscaled = {"plain": tinytf.scaled_dot_product_attention(q, k, v, scale=1.0),
                 "masked": tinytf.scaled_dot_product_attention(q, k, v, mask, scale=1.0)}
-    _rejects("ex05_attention", unscaled, inp)
+    R.rejects("ex05_attention", unscaled, inp)
     ignores_mask = {"plain": tinytf.scaled_dot_product_attention(q, k, v), "masked": tinytf.scaled_dot_product_attention(q, k, v)}
     if not bool(mask.all()):
-        _rejects("ex05_attention", ignores_mask, inp)
+        R.rejects("ex05_attention", ignores_mask, inp)
 
     inp = recs["ex05_cross"]["inputs"]
     good = recs["ex05_cross"]["value"]
-    _rejects("ex05_cross", {"plain": good["plain"], "masked": good["plain"] + 1e-2}, inp)
-    _rejects("ex05_cross", {"plain": torch.cat([good["plain"], good["plain"]], dim=1), "masked": good["masked"]}, inp)  # wrong Tq
+    R.rejects("ex05_cross", {"plain": good["plain"], "masked": good["plain"] + 1e-2}, inp)
+    R.rejects("ex05_cross", {"plain": torch.cat([good["plain"], good["plain"]], dim=1), "masked": good["masked"]}, inp)  # wrong Tq
 
     inp, value = recs["ex05_encdec"]["inputs"], recs["ex05_encdec"]["value"]
     blind = copy.deepcopy(value)
     blind["leaky"]["padding_leak"] = 0.0  # a probe that never notices the leak
-    _rejects("ex05_encdec", blind, inp)
+    R.rejects("ex05_encdec", blind, inp)
     noisy = copy.deepcopy(value)
     noisy["good"]["padding_leak"] = noisy["good"]["encoder_effect"]  # a probe that changes the real positions too
-    _rejects("ex05_encdec", noisy, inp)
+    R.rejects("ex05_encdec", noisy, inp)
 
 
 def test_ex05_diagnose_silent_on_solution_and_names_pitfalls(ex05_ns):
@@ -182,7 +153,9 @@ def test_ex05_diagnose_silent_on_solution_and_names_pitfalls(ex05_ns):
         return {"encoder_effect": float(d), "padding_leak": float(d)}
 
     ns["probe_encoder_decoder"] = probe_everything
-    assert Pitfall.MASK in _pitfalls(ex05.diagnose(ns))
+    leak = [f for f in ex05.diagnose(ns) if f.title == "the probe reports a leak on a correct model"]
+    assert len(leak) == 1 and leak[0].pitfall is Pitfall.GENERAL, leak  # the model is right: a problem of the probe, no pitfall 3
+    assert "PADDED positions" in leak[0].fix and "masked_fill" not in leak[0].message, leak
     del ns["probe_encoder_decoder"]
     assert any(f.title == "probe_encoder_decoder is missing" for f in ex05.diagnose(ns))
 
@@ -197,34 +170,34 @@ def ex06_ns():
     return ns
 
 
-def test_ex06_solution_passes_its_judges_and_wrong_answers_fail(ex06_ns, tmp_path, monkeypatch):
-    recs = _run_tests("ex06", dict(ex06_ns), ("ex06_saved", "ex06_bench"), tmp_path, monkeypatch)
+def test_ex06_solution_passes_its_judges_and_wrong_answers_fail(ex06_ns, tmp_path):
+    recs = R.record_tests(dict(ex06_ns), _cells("ex06"), ("ex06_saved", "ex06_bench"), tmp_path)
     for gid, rec in recs.items():
-        _accepts(gid, rec["value"], rec["inputs"])
+        R.accepts(gid, rec["value"], rec["inputs"])
 
     inp, value = recs["ex06_saved"]["inputs"], recs["ex06_saved"]["value"]
-    _rejects("ex06_saved", {**value, "exp": value["exp"] // 4}, inp)  # elements, not bytes
-    _rejects("ex06_saved", {**value, "explicit": value["explicit"] + 4}, inp)
-    _rejects("ex06_saved", {**value, "sdpa": float(value["sdpa"])}, inp)  # not an int
+    R.rejects("ex06_saved", {**value, "exp": value["exp"] // 4}, inp)  # elements, not bytes
+    R.rejects("ex06_saved", {**value, "explicit": value["explicit"] + 4}, inp)
+    R.rejects("ex06_saved", {**value, "sdpa": float(value["sdpa"])}, inp)  # not an int
 
     inp, value = recs["ex06_bench"]["inputs"], recs["ex06_bench"]["value"]
     flat = copy.deepcopy(value)
     for t in ("512", "1024"):
         flat["main"]["explicit"][t]["saved_bytes"] = flat["main"]["explicit"]["256"]["saved_bytes"]
-    assert "4x" in _rejects("ex06_bench", flat, inp)
+    assert "4x" in R.rejects("ex06_bench", flat, inp)
     no_conditions = copy.deepcopy(value)
     del no_conditions["main"]["conditions"]["dtype"]
-    _rejects("ex06_bench", no_conditions, inp)
+    R.rejects("ex06_bench", no_conditions, inp)
     wrong_fresh = copy.deepcopy(value)
     t0 = str(inp["ts"][0])
     wrong_fresh["fresh"]["explicit"][t0]["saved_bytes"] += 1
-    _rejects("ex06_bench", wrong_fresh, inp)
+    R.rejects("ex06_bench", wrong_fresh, inp)
     negative = copy.deepcopy(value)
     negative["main"]["sdpa"]["512"]["tokens_per_s"] = float("nan")
-    _rejects("ex06_bench", negative, inp)
+    R.rejects("ex06_bench", negative, inp)
     missing_t = copy.deepcopy(value)
     del missing_t["main"]["sdpa"]["1024"]
-    _rejects("ex06_bench", missing_t, inp)
+    R.rejects("ex06_bench", missing_t, inp)
 
 
 def test_ex06_diagnose(ex06_ns):
@@ -271,27 +244,27 @@ def ex07_ns():
     return _namespace("ex07", "ex07_cache_code", "ex07_step_code", "ex07_generate_code")
 
 
-def test_ex07_solution_passes_its_judges_and_wrong_answers_fail(ex07_ns, tmp_path, monkeypatch):
-    recs = _run_tests("ex07", dict(ex07_ns), EX07_TESTS, tmp_path, monkeypatch)
+def test_ex07_solution_passes_its_judges_and_wrong_answers_fail(ex07_ns, tmp_path):
+    recs = R.record_tests(dict(ex07_ns), _cells("ex07"), EX07_TESTS, tmp_path)
     for gid, rec in recs.items():
-        _accepts(gid, rec["value"], rec["inputs"])
+        R.accepts(gid, rec["value"], rec["inputs"])
 
     inp, value = recs["ex07_cache"]["inputs"], recs["ex07_cache"]["value"]
     only_new = {"returned": [{"k": w["k"], "v": w["v"]} for w in inp["writes"]], "lengths": value["lengths"]}
     if any(r["k"].shape != w["k"].shape for r, w in zip(value["returned"], inp["writes"])):
-        _rejects("ex07_cache", only_new, inp)
-    _rejects("ex07_cache", {**value, "lengths": [n + 1 for n in value["lengths"]]}, inp)
+        R.rejects("ex07_cache", only_new, inp)
+    R.rejects("ex07_cache", {**value, "lengths": [n + 1 for n in value["lengths"]]}, inp)
 
     inp = recs["ex07_step"]["inputs"]
     attn = ex07._attn(inp["x"], inp["heads"], inp["qkv_weight"], inp["qkv_bias"], inp["proj_weight"], inp["proj_bias"])
     with torch.no_grad():
         q, k, v = attn.project(inp["x"])
         no_mask = attn.proj(attn.merge_heads(tinytf.scaled_dot_product_attention(q, k, v)))  # a prefill that sees the future
-    _rejects("ex07_step", no_mask, inp)
+    R.rejects("ex07_step", no_mask, inp)
 
     inp, value = recs["ex07_generate"]["inputs"], recs["ex07_generate"]["value"]
-    _rejects("ex07_generate", {**value, "logits": value["logits"] + 1e-2}, inp)
-    _rejects("ex07_generate", {**value, "ids_recompute": value["ids_recompute"][:, :-1]}, inp)
+    R.rejects("ex07_generate", {**value, "logits": value["logits"] + 1e-2}, inp)
+    R.rejects("ex07_generate", {**value, "ids_recompute": value["ids_recompute"][:, :-1]}, inp)
 
 
 def test_ex07_diagnose(ex07_ns):
@@ -356,33 +329,33 @@ def ex08_ns():
     return _namespace("ex08", *EX08_CODE)
 
 
-def test_ex08_small_parts_pass_their_judges_and_wrong_answers_fail(ex08_ns, tmp_path, monkeypatch):
-    recs = _run_tests("ex08", dict(ex08_ns), ("ex08_vocab", "ex08_batch", "ex08_loss", "ex08_lr"), tmp_path, monkeypatch)
+def test_ex08_small_parts_pass_their_judges_and_wrong_answers_fail(ex08_ns, tmp_path):
+    recs = R.record_tests(dict(ex08_ns), _cells("ex08"), ("ex08_vocab", "ex08_batch", "ex08_loss", "ex08_lr"), tmp_path)
     for gid, rec in recs.items():
-        _accepts(gid, rec["value"], rec["inputs"])
+        R.accepts(gid, rec["value"], rec["inputs"])
 
     inp, value = recs["ex08_vocab"]["inputs"], recs["ex08_vocab"]["value"]
-    _rejects("ex08_vocab", {**value, "itos": list(dict.fromkeys(inp["text"]))} if list(dict.fromkeys(inp["text"])) != value["itos"]
+    R.rejects("ex08_vocab", {**value, "itos": list(dict.fromkeys(inp["text"]))} if list(dict.fromkeys(inp["text"])) != value["itos"]
              else {**value, "decoded": value["decoded"][::-1] + "x"}, inp)
-    _rejects("ex08_vocab", {**value, "ids": value["ids"].float()}, inp)
+    R.rejects("ex08_vocab", {**value, "ids": value["ids"].float()}, inp)
 
     inp, value = recs["ex08_batch"]["inputs"], recs["ex08_batch"]["value"]
     shuffled = value.clone()
     shuffled[0] = value[0].flip(0) + 1000  # not a window of the data (data values are < 1000)
-    _rejects("ex08_batch", shuffled, inp)
+    R.rejects("ex08_batch", shuffled, inp)
 
     inp = recs["ex08_loss"]["inputs"]
     lg, ids, pids = inp["logits"], inp["ids"], inp["padded_ids"]
     ce = torch.nn.functional.cross_entropy
     unshifted = {"plain": ce(lg.reshape(-1, lg.size(-1)), ids.reshape(-1)), "padded": ce(lg.reshape(-1, lg.size(-1)), pids.reshape(-1))}
-    _rejects("ex08_loss", unshifted, inp)
+    R.rejects("ex08_loss", unshifted, inp)
     pad_counted = {"plain": tinytf.lm_loss(lg, ids), "padded": tinytf.lm_loss(lg, pids)}
     if bool((pids[:, 1:] == 0).any()):
-        _rejects("ex08_loss", pad_counted, inp)
+        R.rejects("ex08_loss", pad_counted, inp)
 
     inp, value = recs["ex08_lr"]["inputs"], recs["ex08_lr"]["value"]
-    _rejects("ex08_lr", [value[0] * 0] + value[1:], inp)
-    _rejects("ex08_lr", value[:-1], inp)
+    R.rejects("ex08_lr", [value[0] * 0] + value[1:], inp)
+    R.rejects("ex08_lr", value[:-1], inp)
 
 
 def _periodic_run(ns, steps=60):
@@ -403,20 +376,20 @@ def test_ex08_train_judge_accepts_a_real_run_and_rejects_inconsistent_reports(ex
               "fresh_config": model.config.to_dict(), "fresh_schedule": schedule, "fresh_state_dict": dict(model.state_dict()),
               "fresh_val_data": val}
     value = {"main": rep, "fresh": copy.deepcopy(rep)}
-    _accepts("ex08_train", value, inputs)
+    R.accepts("ex08_train", value, inputs)
 
-    assert "val_loss" in _rejects("ex08_train", {**value, "main": {**rep, "val_loss": rep["val_loss"] - 0.5}}, inputs)
+    assert "val_loss" in R.rejects("ex08_train", {**value, "main": {**rep, "val_loss": rep["val_loss"] - 0.5}}, inputs)
     lrs = list(rep["lrs"])
     lrs[0] = schedule["max_lr"]  # no warm-up
-    assert "schedule" in _rejects("ex08_train", {**value, "fresh": {**rep, "lrs": lrs}}, inputs)
-    assert "peak" in _rejects("ex08_train", {**value, "main": {**rep, "peak_memory_bytes": rep["peak_memory_bytes"] + 1}}, inputs)
-    _rejects("ex08_train", {**value, "main": {**rep, "tokens_per_s": float("inf")}}, inputs)
+    assert "schedule" in R.rejects("ex08_train", {**value, "fresh": {**rep, "lrs": lrs}}, inputs)
+    assert "peak" in R.rejects("ex08_train", {**value, "main": {**rep, "peak_memory_bytes": rep["peak_memory_bytes"] + 1}}, inputs)
+    R.rejects("ex08_train", {**value, "main": {**rep, "tokens_per_s": float("inf")}}, inputs)
 
     untrained = tinytf.TinyLanguageModel(vocab=4, dim=16, heads=2, layers=1, max_tokens=12)
     bad_inputs = {**inputs, "state_dict": dict(untrained.state_dict())}
     rep_u = {**rep, "val_loss": ex08.reference_evaluate(untrained, val, 12)}
     rep_u["memory"] = dict(rep["memory"])
-    assert "below log(vocab)" in _rejects("ex08_train", {**value, "main": rep_u}, bad_inputs)
+    assert "below log(vocab)" in R.rejects("ex08_train", {**value, "main": rep_u}, bad_inputs)
 
 
 def test_ex08_checkpoint_judge(ex08_ns, tmp_path):
@@ -431,14 +404,14 @@ def test_ex08_checkpoint_judge(ex08_ns, tmp_path):
     with torch.no_grad():
         value = {"logits": restored(ids), "keys": sorted(raw), "step": raw["step"], "training": bool(restored.training)}
     inputs = {"ids": ids, "config": model.config.to_dict(), "state_dict": dict(model.state_dict())}
-    _accepts("ex08_ckpt", value, inputs)
-    _rejects("ex08_ckpt", {**value, "training": True}, inputs)
-    _rejects("ex08_ckpt", {**value, "keys": ["config", "model", "step"]}, inputs)
-    _rejects("ex08_ckpt", {**value, "step": None}, inputs)
-    _rejects("ex08_ckpt", {**value, "logits": value["logits"] + 1e-3}, inputs)
+    R.accepts("ex08_ckpt", value, inputs)
+    R.rejects("ex08_ckpt", {**value, "training": True}, inputs)
+    R.rejects("ex08_ckpt", {**value, "keys": ["config", "model", "step"]}, inputs)
+    R.rejects("ex08_ckpt", {**value, "step": None}, inputs)
+    R.rejects("ex08_ckpt", {**value, "logits": value["logits"] + 1e-3}, inputs)
     fresh = tinytf.TinyLanguageModel(vocab=9, dim=8, heads=2, layers=1, max_tokens=6).eval()
     with torch.no_grad():
-        _rejects("ex08_ckpt", {**value, "logits": fresh(ids)}, inputs)  # a model that was not restored
+        R.rejects("ex08_ckpt", {**value, "logits": fresh(ids)}, inputs)  # a model that was not restored
 
 
 def test_ex08_diagnose(ex08_ns):
@@ -501,17 +474,17 @@ def test_ex08_train_is_judged_on_tinytfs_parts_when_an_earlier_part_is_wrong(ex0
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids.reshape(-1),
                                                  ignore_index=-100 if pad_id is None else pad_id)
 
-    source = _cells("ex08")["ex08_train_code"].source
-    ns = {**ex08_ns, "next_char_loss": unshifted}
-    exec(compile(source, "<ex08_train_code>", "exec"), ns)  # noqa: S102 - train's globals are ns: it calls the wrong loss
+    cells = _cells("ex08")
+    source = cells["ex08_train_code"].source
+    ns = R.run_cells(cells, ["ex08_train_code"], {**ex08_ns, "next_char_loss": unshifted})  # train's globals: the wrong loss
     value, inputs = ex08_probes.PROBES["ex08_train"](ns, torch.Generator().manual_seed(0))
-    _accepts("ex08_train", value, inputs)
+    R.accepts("ex08_train", value, inputs)
     assert ns["next_char_loss"] is unshifted, "the student's function is back after the probe"
     findings = ex08.diagnose(ns)
     assert Pitfall.UNSHIFTED_TARGETS in _pitfalls(findings) and not [f for f in findings if "ex08_train" in f.title]
 
     assert source.count("scheduler.step()") == 1
-    exec(compile(source.replace("scheduler.step()", "pass"), "<ex08_train_code>", "exec"), ns)  # noqa: S102 - forgets the schedule
+    R.run_cells(cells, ["ex08_train_code"], ns, sources={"ex08_train_code": source.replace("scheduler.step()", "pass")})  # no schedule
     [train] = [f for f in ex08.diagnose(ns) if f.title.startswith("ex08_train")]
     assert "the learning rate at step" in train.message, train.message
     assert "train was judged with tinytf's `next_char_loss`, because yours above is wrong" in train.message, train.message

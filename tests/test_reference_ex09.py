@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 
-import _coursekit as K
+import _runner as R
 import pytest
 import torch
 
 from tinytf.checks import Pitfall
-from tinytf.course.judges import run_judge
 from tinytf.course.reference import ex09
 
 NEG_INF = float("-inf")
@@ -23,27 +22,27 @@ TESTS = ("ex09_update", "ex09_tiled", "ex09_memory", "ex09_causal")
 
 
 def _cells() -> dict:
-    return K.instructor_cells("ex09_tiled_attention.ipynb")
+    return R.instructor_cells("ex09_tiled_attention.ipynb")
 
 
 @pytest.fixture(scope="module")
 def ns() -> dict:
-    return K.run_cells(_cells(), ("ex09_setup", "ex09_update_code", "ex09_mask_helper", "ex09_tiled_code", "ex09_causal_code"))
+    return R.run_cells(_cells(), ("ex09_setup", "ex09_update_code", "ex09_mask_helper", "ex09_tiled_code", "ex09_causal_code"))
 
 
 def test_every_test_cell_has_a_judge_and_a_probe():
-    K.assert_hidden_tests_use_their_probes(_cells(), TESTS, ex09.PROBES, "_probes9")
-    assert K.graded_points(_cells()) == {"ex09_update": 4, "ex09_tiled": 6, "ex09_memory": 2, "ex09_causal": 4, "ex09_explain": 2}
+    R.assert_hidden_tests_use_their_probes(_cells(), TESTS, ex09.PROBES, "_probes9")
+    assert R.graded_points(_cells()) == {"ex09_update": 4, "ex09_tiled": 6, "ex09_memory": 2, "ex09_causal": 4, "ex09_explain": 2}
 
 
 @pytest.fixture(scope="module")
 def records(ns, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("ex09_records")
-    return K.record_tests(ns, _cells(), TESTS, folder)
+    return R.record_tests(ns, _cells(), TESTS, folder)
 
 
 def test_the_solution_satisfies_every_judge(records):
-    K.assert_judges_accept(records)
+    R.assert_judges_accept(records)
 
 
 def test_the_hidden_inputs_are_the_hard_ones(records):
@@ -56,30 +55,28 @@ def test_the_hidden_inputs_are_the_hard_ones(records):
     assert causal["k"].size(-2) == causal["q"].size(-2) < causal["k_long"].size(-2)
 
 
-def _rejects(gid: str, value, inputs, words: str) -> None:
-    ok, msg = run_judge(gid, value, inputs)
-    assert not ok and words in msg, msg
-
 
 def test_wrong_values_are_rejected_with_a_message(records):
     rec = records["ex09_update"]
     bad_l = dict(rec["value"], l=rec["value"]["l"] * 1.5)
-    _rejects("ex09_update", bad_l, rec["inputs"], "the running sum l differs")
+    R.rejects("ex09_update", bad_l, rec["inputs"], "the running sum l differs")
     nan = dict(rec["value"], acc=rec["value"]["acc"] * float("nan"))
-    _rejects("ex09_update", nan, rec["inputs"], "inf or NaN")
+    R.rejects("ex09_update", nan, rec["inputs"], "inf or NaN")
 
     rec = records["ex09_tiled"]
     unnormalised = dict(rec["value"], rising=rec["value"]["rising"] * 2.0)
-    _rejects("ex09_tiled", unnormalised, rec["inputs"], "tiled_forward (rising) differs")
+    R.rejects("ex09_tiled", unnormalised, rec["inputs"], "tiled_forward (rising) differs", "— exactly twice the right value")
 
     rec = records["ex09_memory"]
     q = rec["inputs"]["q"]
     full = 2 * q.size(0) * q.size(1) * q.size(-2) ** 2 * 4  # scores and weights: two [B, H, T, T] float32 tensors
-    _rejects("ex09_memory", dict(rec["value"], peak_bytes=full), rec["inputs"], "never q @ kᵀ")
+    R.rejects("ex09_memory", dict(rec["value"], peak_bytes=full), rec["inputs"], "never q @ kᵀ")
 
     rec = records["ex09_causal"]
     total = dict(rec["value"], square=dict(rec["value"]["square"], computed=10**6))
-    _rejects("ex09_causal", total, rec["inputs"], "wholly in the future")
+    R.rejects("ex09_causal", total, rec["inputs"], "wholly in the future")
+    one_more = dict(rec["value"], square=dict(rec["value"]["square"], computed=rec["value"]["square"]["computed"] + 1))
+    R.rejects("ex09_causal", one_more, rec["inputs"], "— one tile more than the right value (off by one)")
 
 
 def _no_rescale(m, l, acc, scores, v):
@@ -136,10 +133,7 @@ def test_diagnose_names_each_pitfall_and_judges_each_task_on_its_own(ns):
 
 
 def test_probes_match_the_hidden_tests_judges(ns):
-    for gid, probe in ex09.PROBES.items():
-        value, inputs = probe(ns, torch.Generator().manual_seed(7))
-        ok, msg = run_judge(gid, value, inputs)
-        assert ok, f"{gid}: {msg}"
+    R.assert_probes_pass(ns, ex09.PROBES)
 
 
 def test_the_causal_probe_always_puts_a_query_tile_on_a_key_tile_boundary():

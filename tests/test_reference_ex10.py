@@ -8,12 +8,11 @@ student function, and judges ``grouped_attention`` on tinytf's K/V head sharing 
 
 from __future__ import annotations
 
-import _coursekit as K
+import _runner as R
 import pytest
 import torch
 
 from tinytf.checks import Pitfall
-from tinytf.course.judges import run_judge
 from tinytf.course.reference import ex10
 
 TESTS = ("ex10_expand", "ex10_grouped", "ex10_cache", "ex10_window")
@@ -21,27 +20,27 @@ CODE = ("ex10_setup", "ex10_expand_code", "ex10_grouped_code", "ex10_cache_code"
 
 
 def _cells() -> dict:
-    return K.instructor_cells("ex10_grouped_query.ipynb")
+    return R.instructor_cells("ex10_grouped_query.ipynb")
 
 
 @pytest.fixture(scope="module")
 def ns() -> dict:
-    return K.run_cells(_cells(), CODE)
+    return R.run_cells(_cells(), CODE)
 
 
 def test_every_test_cell_has_a_judge_and_a_probe():
-    K.assert_hidden_tests_use_their_probes(_cells(), TESTS, ex10.PROBES, "_probes10")
-    assert K.graded_points(_cells()) == {"ex10_expand": 3, "ex10_grouped": 4, "ex10_cache": 3, "ex10_window": 4, "ex10_explain": 2}
+    R.assert_hidden_tests_use_their_probes(_cells(), TESTS, ex10.PROBES, "_probes10")
+    assert R.graded_points(_cells()) == {"ex10_expand": 3, "ex10_grouped": 4, "ex10_cache": 3, "ex10_window": 4, "ex10_explain": 2}
 
 
 @pytest.fixture(scope="module")
 def records(ns, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("ex10_records")
-    return K.record_tests(ns, _cells(), TESTS, folder)
+    return R.record_tests(ns, _cells(), TESTS, folder)
 
 
 def test_the_solution_satisfies_every_judge(records):
-    K.assert_judges_accept(records)
+    R.assert_judges_accept(records)
 
 
 def test_the_hidden_inputs_are_the_hard_ones(records):
@@ -56,27 +55,28 @@ def test_the_hidden_inputs_are_the_hard_ones(records):
     assert any(tk > tq for tq, tk, _ in sizes) and any(w == 1 for *_, w in sizes)
 
 
-def _rejects(gid: str, value, inputs, *words: str) -> None:
-    ok, msg = run_judge(gid, value, inputs)
-    assert not ok and all(w in msg for w in words), msg
-
 
 def test_wrong_values_are_rejected_with_a_message_that_names_the_pitfall(records):
     rec = records["ex10_expand"]
     kv, heads = rec["inputs"]["kv"], rec["inputs"]["heads"]
-    _rejects("ex10_expand", kv.repeat(1, heads // kv.size(1), 1, 1), rec["inputs"], "pitfall 19", "repeat_interleave")
+    R.rejects("ex10_expand", kv.repeat(1, heads // kv.size(1), 1, 1), rec["inputs"], "pitfall 19", "repeat_interleave")
 
     rec = records["ex10_grouped"]
-    _rejects("ex10_grouped", dict(rec["value"], masked=rec["value"]["plain"]), rec["inputs"], "grouped_attention (masked) differs")
-    _rejects("ex10_grouped", dict(rec["value"], raised="RuntimeError"), rec["inputs"], "must raise a ValueError", "RuntimeError")
+    R.rejects("ex10_grouped", dict(rec["value"], masked=rec["value"]["plain"]), rec["inputs"], "grouped_attention (masked) differs")
+    R.rejects("ex10_grouped", dict(rec["value"], raised="RuntimeError"), rec["inputs"], "must raise a ValueError", "RuntimeError")
 
     rec = records["ex10_cache"]
-    _rejects("ex10_cache", [n // 2 for n in rec["value"]], rec["inputs"], "2 (keys and values)")
-    _rejects("ex10_cache", [float(n) for n in rec["value"]], rec["inputs"], "must return an int")
+    R.rejects("ex10_cache", [n // 2 for n in rec["value"]], rec["inputs"], "2 (keys and values)",
+             "— exactly half the right value: only the keys (or only the values) are counted")
+    two_bytes = [ex10.reference_cache_bytes(*a[:5], 2, a[6]) for a in rec["inputs"]["args"]]  # dtype_bytes ignored
+    dtype = rec["inputs"]["args"][0][5]  # the first call, where the message is: dtype_bytes=1 (the probe draws 1, 2, 4, 8)
+    assert dtype == 1
+    R.rejects("ex10_cache", two_bytes, rec["inputs"], f"dtype_bytes={dtype} looks ignored (2 bytes per number assumed)")
+    R.rejects("ex10_cache", [float(n) for n in rec["value"]], rec["inputs"], "must return an int")
 
     rec = records["ex10_window"]
     wider = [_window_plus_one(*size) for size in rec["inputs"]["sizes"]]
-    _rejects("ex10_window", wider, rec["inputs"], "pitfall 20")
+    R.rejects("ex10_window", wider, rec["inputs"], "pitfall 20")
 
 
 def _expand_tiled(kv, heads):
@@ -122,7 +122,4 @@ def test_grouped_attention_is_diagnosed_on_its_own(ns):
 
 
 def test_probes_match_the_hidden_tests_judges(ns):
-    for gid, probe in ex10.PROBES.items():
-        value, inputs = probe(ns, torch.Generator().manual_seed(7))
-        ok, msg = run_judge(gid, value, inputs)
-        assert ok, f"{gid}: {msg}"
+    R.assert_probes_pass(ns, ex10.PROBES)

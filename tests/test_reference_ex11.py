@@ -9,13 +9,12 @@ processes by value (:mod:`tinytf.course.reference.ex11_ranks`), also when define
 
 from __future__ import annotations
 
-import _coursekit as K
+import _runner as R
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tinytf.checks import Pitfall
-from tinytf.course.judges import run_judge
 from tinytf.course.reference import ex11
 from tinytf.course.reference.ex11_ranks import on_processes, on_threads, reference_attention, ship, unship
 
@@ -24,17 +23,17 @@ CODE = ("ex11_setup", "ex11_split_code", "ex11_row_code", "ex11_ring_code")
 
 
 def _cells() -> dict:
-    return K.instructor_cells("ex11_tensor_parallel.ipynb")
+    return R.instructor_cells("ex11_tensor_parallel.ipynb")
 
 
 @pytest.fixture(scope="module")
 def ns() -> dict:
-    return K.run_cells(_cells(), CODE)
+    return R.run_cells(_cells(), CODE)
 
 
 def test_every_test_cell_has_a_judge_and_a_probe():
-    K.assert_hidden_tests_use_their_probes(_cells(), TESTS, ex11.PROBES, "_probes11")
-    assert K.graded_points(_cells()) == {"ex11_split": 4, "ex11_row": 3, "ex11_ring": 4, "ex11_explain": 2}
+    R.assert_hidden_tests_use_their_probes(_cells(), TESTS, ex11.PROBES, "_probes11")
+    assert R.graded_points(_cells()) == {"ex11_split": 4, "ex11_row": 3, "ex11_ring": 4, "ex11_explain": 2}
     for gid in TESTS:  # every visible check is a real multi-process run
         visible = _cells()[gid].source.split("### BEGIN HIDDEN TESTS")[0]
         assert "on_processes(" in visible, gid
@@ -43,11 +42,11 @@ def test_every_test_cell_has_a_judge_and_a_probe():
 @pytest.fixture(scope="module")
 def records(ns, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("ex11_records")
-    return K.record_tests(ns, _cells(), TESTS, folder)
+    return R.record_tests(ns, _cells(), TESTS, folder)
 
 
 def test_the_solution_satisfies_every_judge(records):
-    K.assert_judges_accept(records)
+    R.assert_judges_accept(records)
 
 
 def test_the_hidden_inputs_cover_two_and_four_ranks(records):
@@ -58,27 +57,23 @@ def test_the_hidden_inputs_cover_two_and_four_ranks(records):
     assert records["ex11_ring"]["inputs"]["q"].size(-2) % 4 == 0
 
 
-def _rejects(gid: str, value, inputs, *words: str) -> None:
-    ok, msg = run_judge(gid, value, inputs)
-    assert not ok and all(w in msg for w in words), msg
-
 
 def test_wrong_values_are_rejected_with_a_message_that_names_the_pitfall(records):
     rec = records["ex11_split"]
     w = rec["inputs"]["weight"]
-    _rejects("ex11_split", {f"P{p}": list(w.chunk(p)) for p in ex11.WORLDS}, rec["inputs"], "pitfall 22")
+    R.rejects("ex11_split", {f"P{p}": list(w.chunk(p)) for p in ex11.WORLDS}, rec["inputs"], "pitfall 22")
 
     rec = records["ex11_row"]
     x, weight, bias = rec["inputs"]["x"], rec["inputs"]["weight"], rec["inputs"]["bias"]
     partial = {f"P{p}": [F.linear(xs, ws) + bias for xs, ws in zip(x.chunk(p, -1), weight.chunk(p, -1))] for p in ex11.WORLDS}
-    _rejects("ex11_row", partial, rec["inputs"], "pitfall 21")
+    R.rejects("ex11_row", partial, rec["inputs"], "pitfall 21")
     extra = {f"P{p}": [F.linear(x, weight, bias) + (p - 1) * bias] * p for p in ex11.WORLDS}
-    _rejects("ex11_row", extra, rec["inputs"], "pitfall 23")
+    R.rejects("ex11_row", extra, rec["inputs"], "pitfall 23")
 
     rec = records["ex11_ring"]
     q, k, v = rec["inputs"]["q"], rec["inputs"]["k"], rec["inputs"]["v"]
     local = {f"P{p}": on_threads("ring", _merge_local, p, q, k, v) for p in ex11.WORLDS}
-    _rejects("ex11_ring", local, rec["inputs"], "pitfall 24")
+    R.rejects("ex11_ring", local, rec["inputs"], "pitfall 24")
 
 
 def _split_one_piece(weight, rank, world, heads, kv_heads):
@@ -121,10 +116,7 @@ def test_a_stub_is_not_implemented_yet(ns):
 
 
 def test_probes_match_the_hidden_tests_judges(ns):
-    for gid, probe in ex11.PROBES.items():
-        value, inputs = probe(ns, torch.Generator().manual_seed(7))
-        ok, msg = run_judge(gid, value, inputs)
-        assert ok, f"{gid}: {msg}"
+    R.assert_probes_pass(ns, ex11.PROBES)
 
 
 def test_a_shipped_function_keeps_its_helpers_and_modules():

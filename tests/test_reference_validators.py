@@ -3,12 +3,26 @@ they return, and the student-facing message of each rejection."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from tinytf.checks import Finding, Pitfall
 from tinytf.course.reference import call_student, check_parts, stub_or, swapped
-from tinytf.course.reference.validators import bool_mask, close, float_inputs, has_keys, number, positive, seconds, shape_of, shapes, tensor
+from tinytf.course.reference.validators import (
+    bool_mask,
+    close,
+    float_inputs,
+    has_keys,
+    how_off,
+    number,
+    positive,
+    seconds,
+    shape_of,
+    shapes,
+    tensor,
+)
 
 
 def _message(fn, *args, **kwargs) -> str:
@@ -33,7 +47,8 @@ def test_tensor_checks_type_shape_and_dtype():
 def test_close_checks_the_shape_before_the_values():
     a = torch.zeros(2, 3)
     close(a, a + 1e-7, "w")
-    assert _message(close, a, a[:1], "w") == "w has shape [2, 3], expected [1, 3]"  # allclose would broadcast
+    assert _message(close, a, a[:1], "w") == (  # allclose would broadcast
+        "w has shape [2, 3], expected [1, 3] — dim 0 has one more (2) than it should (1)")
     assert _message(close, a, a + 1, "w", reference="tinytf") == (
         "w differs from tinytf: should be [2, 3] starting [1, 1, 1, 1, …]; yours is [2, 3] starting [0, 0, 0, 0, …]")
     x = torch.zeros(2, 5)
@@ -103,3 +118,14 @@ def test_swapped_binds_for_the_duration_and_restores_names_and_class_attributes(
     with pytest.raises(KeyError), swapped(ns, f="tinytf"):
         raise KeyError("a failing test cell")
     assert ns == {"f": "mine"}, "restored after an error too"
+
+
+def test_a_clean_ratio_or_an_off_by_one_is_named():
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    assert _message(close, x / 8, x / math.sqrt(8), "scores").endswith("— exactly 1/sqrt(8) = 1/2.83 of the right value")
+    assert _message(close, 2 * x, x, "out", suspects={"counted twice": 2.0}).endswith("— exactly twice the right value: counted twice")
+    assert "exactly" not in _message(close, x + 1, x, "out")  # no single factor: nothing to name
+    assert _message(tensor, x[:1], (2, 3), "out") == "out has shape [1, 3], expected [2, 3] — dim 0 has one less (1) than it should (2)"
+    assert how_off(51200, 102400, suspects={"only the keys": 0.5}) == " — exactly half the right value: only the keys"
+    assert how_off(7, 6, step=("tile", 1)) == " — one tile more than the right value (off by one)"
+    assert how_off(6, 6) == "" and how_off("6", 5) == "" and how_off(True, 2) == ""

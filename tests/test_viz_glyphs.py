@@ -22,6 +22,7 @@ def _figure(labels: list[str]) -> plt.Figure:
     ax.set_title("weights · 0.42 = x²", fontsize=9)
     ax.legend(fontsize=7)
     ax.text(0.37, 0.61, "0.13", transform=ax.transAxes, fontsize=7, color="white")
+    ax.text(0.05, 0.2, f"{labels[1]}\n{labels[2]} (two lines: the line gap)", transform=ax.transAxes, fontsize=8)
     return fig
 
 
@@ -39,7 +40,9 @@ def test_cached_glyphs_give_the_same_pixels_as_agg(labels):
     fig = _figure(labels)
     stock = _pixels(FigureCanvasAgg(fig))
     cached = glyphs.GlyphCacheCanvas(fig)
-    first, second = _pixels(cached), _pixels(cached)  # second: every glyph from the cache
+    glyphs._METRICS.clear()
+    first, second = _pixels(cached), _pixels(cached)  # second: every glyph (and line metric) from the cache
+    assert glyphs._METRICS, "Text asks the canvas's renderer for the line metrics it caches"
     assert stock.shape == first.shape == second.shape
     assert (stock != 255).any()  # something was drawn
     assert np.array_equal(first, stock) and np.array_equal(second, stock)

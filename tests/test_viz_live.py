@@ -3,7 +3,8 @@
 papermill (nbclient) has no browser: a widget's live path must not wait for one, nor depend on a message
 a slow kernel can lose. The test writes one notebook that builds each explorer of :mod:`tinytf.viz` live
 and sets every control to each of its values (a cell per control, each ending on a redraw), and runs it
-with papermill several times while two busy-loop processes keep both cores occupied. The timeout only
+with papermill several times at once (fresh kernels competing with each other) while two busy-loop
+processes keep both cores occupied. The timeout only
 detects a hang (a run normally takes a fraction of it); nothing here measures speed.
 
 The hang this guards against: the live figure used to sit in an ``ipywidgets.Output``; nbclient mimics
@@ -19,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +31,7 @@ import tinytf.viz
 
 pytestmark = pytest.mark.slow
 
-REPEATS = 3  # papermill runs, each a fresh kernel
+REPEATS = 3  # papermill runs at the same time, each a fresh kernel
 BUSY = 2  # busy-loop processes: both cores of the reference machine taken
 # per run (one normally takes a few minutes at most, even on a machine as busy as this one): the hang detector.
 # No per-cell --execution-timeout: nbclient's timed poll wakes up and then finds the reply it had missed, which
@@ -117,25 +119,28 @@ def busy_machine() -> Iterator[None]:
             p.wait()
 
 
-def _papermill(source: Path, target: Path) -> subprocess.CompletedProcess:
-    """papermill ``source`` -> ``target`` with no TINYTF_HEADLESS (and matplotlib's own backend), killed
-    with its kernel when it outruns ``RUN_TIMEOUT_S``."""
+def _papermill(source: Path, target: Path) -> subprocess.Popen:
+    """Start papermill ``source`` -> ``target`` with no TINYTF_HEADLESS (and matplotlib's own backend), in its
+    own process group (the kernel goes with it)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TINYTF_HEADLESS", "MPLBACKEND")}
     cmd = [sys.executable, "-m", "papermill", str(source), str(target), "-k", "python3", "--cwd", str(source.parent),
            "--no-progress-bar"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # its own group: the kernel goes with it
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _finished(proc: subprocess.Popen, deadline: float) -> tuple[int, str]:
+    """``(exit status, output)`` of a papermill run; killed with its kernel when it outruns the deadline."""
     try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        return proc.returncode, out
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        return subprocess.CompletedProcess(cmd, -9, out + f"\n[killed after {RUN_TIMEOUT_S} s]")
+        return -9, out + f"\n[killed after {RUN_TIMEOUT_S} s]"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
 def _records(path: Path) -> list[dict]:
@@ -149,16 +154,19 @@ def test_the_test_covers_every_widget_front_end():
     assert len(widgets) == 4 and widgets == sorted(EXPLORERS)
 
 
-@pytest.mark.parametrize("repeat", range(REPEATS))
-def test_every_widget_runs_live_under_papermill_on_a_busy_machine(tmp_path, busy_machine, repeat):
-    source, target = tmp_path / "live.ipynb", tmp_path / "live.out.ipynb"
+def test_every_widget_runs_live_under_papermill_on_a_busy_machine(tmp_path, busy_machine):
+    source = tmp_path / "live.ipynb"
     nbformat.write(_notebook(), source)
-    run = _papermill(source, target)
-    assert run.returncode == 0, f"run {repeat}: papermill exited {run.returncode} (a hang ends in a timeout):\n{run.stdout[-3000:]}"
-    records = _records(target)
-    built = {r["explorer"]: r["controls"] for r in records if "controls" in r}
-    assert sorted(built) == sorted(EXPLORERS)
-    swept = {(r["explorer"], r["control"]): r["changes"] for r in records if "changes" in r}
-    assert built == {n: controls for n, (_, controls) in EXPLORERS.items()}
-    assert sorted(swept) == sorted((n, c) for n, controls in built.items() for c in controls)  # every control ...
-    assert all(n >= 1 for n in swept.values()), swept  # ... changed at least once (and back)
+    targets = [tmp_path / f"live.out{k}.ipynb" for k in range(REPEATS)]
+    procs = [_papermill(source, target) for target in targets]  # all at once: the kernels compete too
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    runs = [_finished(proc, deadline) for proc in procs]
+    for repeat, ((code, out), target) in enumerate(zip(runs, targets)):
+        assert code == 0, f"run {repeat}: papermill exited {code} (a hang ends in a timeout):\n{out[-3000:]}"
+        records = _records(target)
+        built = {r["explorer"]: r["controls"] for r in records if "controls" in r}
+        assert sorted(built) == sorted(EXPLORERS)
+        swept = {(r["explorer"], r["control"]): r["changes"] for r in records if "changes" in r}
+        assert built == {n: controls for n, (_, controls) in EXPLORERS.items()}
+        assert sorted(swept) == sorted((n, c) for n, controls in built.items() for c in controls)  # every control ...
+        assert all(n >= 1 for n in swept.values()), swept  # ... changed at least once (and back)

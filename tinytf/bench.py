@@ -144,18 +144,7 @@ def benchmark(
     if tokens is None and "B" in conditions and "T" in conditions:
         tokens = int(conditions["B"]) * int(conditions["T"])
     median = statistics.median(times)
-    conds = dict(conditions) | {
-        "device": str(dev),
-        "device_type": dev.type,
-        "device_name": describe_device(dev),
-        "warmup": warmup,
-        "iters": iters,
-        "timer": timer,
-        "memory_method": method,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-    }
+    conds = dict(conditions) | _run_conditions(dev) | {"warmup": warmup, "iters": iters, "timer": timer, "memory_method": method}
     return BenchResult(
         name=name or getattr(fn, "__name__", "fn"),
         median_ms=median,
@@ -168,6 +157,12 @@ def benchmark(
         times_ms=times,
         conditions=conds,
     )
+
+
+def _run_conditions(dev: torch.device) -> dict[str, Any]:
+    """Where a result was measured: the device (its type and name), torch's version and threads, the platform."""
+    return {"device": str(dev), "device_type": dev.type, "device_name": describe_device(dev), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "platform": platform.platform()}
 
 
 def _time_cuda(fn: Callable[[], Any], dev: torch.device, iters: int, memory: bool) -> tuple[list[float], int | None, str | None, str]:

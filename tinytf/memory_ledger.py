@@ -124,6 +124,26 @@ class Ledger:
         return self.table()
 
 
+def _check_step(batch: int, tokens: int, training: bool, optimizer: str, attention: str) -> None:
+    """Raise ``ValueError`` for an unknown optimizer or attention path, or sizes no step can have."""
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
+    if attention not in ATTENTION_PATHS:
+        raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
+    if batch < 1 or tokens < 1:
+        raise ValueError(f"batch and tokens must be positive, got batch={batch}, tokens={tokens}")
+    if training and tokens < 2:
+        raise ValueError(f"a training step needs tokens >= 2 (the loss predicts the next token), got {tokens}")
+
+
+def _training_state(n_params: int, n_tensors: int, b: int, optimizer: str, mixed_precision: bool) -> tuple[int, int, int]:
+    """``(gradients, optimizer_state, master_weights)`` bytes of a training step with ``b``-byte parameters."""
+    state_bytes = FP32 if mixed_precision else b
+    steps = n_tensors * FP32 if optimizer.startswith("adam") else 0  # Adam keeps a step counter per tensor
+    optimizer_state = OPTIMIZER_STATES[optimizer] * n_params * state_bytes + steps
+    return n_params * b, optimizer_state, n_params * FP32 if mixed_precision else 0
+
+
 def ledger(
     model_config: Any,
     batch: int,
@@ -159,14 +179,7 @@ def ledger(
     the cache at ``window`` tokens (the rolling cache).
     """
     c = _config_of(model_config)
-    if optimizer not in OPTIMIZER_STATES:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
-    if attention not in ATTENTION_PATHS:
-        raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
-    if batch < 1 or tokens < 1:
-        raise ValueError(f"batch and tokens must be positive, got batch={batch}, tokens={tokens}")
-    if training and tokens < 2:
-        raise ValueError(f"a training step needs tokens >= 2 (the loss predicts the next token), got {tokens}")
+    _check_step(batch, tokens, training, optimizer, attention)
     b = dtype_bytes(dtype)
     n_params, n_tensors = parameter_count(c)
     s = _Shapes(batch, tokens, c.dim, c.heads, c.layers, c.vocab, c.expansion * c.dim, c.n_kv_heads, b, attention, dtype)
@@ -174,11 +187,7 @@ def ledger(
     gradients = optimizer_state = master = kv = 0
     peak_phase = ""
     if training:
-        gradients = n_params * b
-        state_bytes = FP32 if mixed_precision else b
-        steps = n_tensors * FP32 if optimizer.startswith("adam") else 0  # Adam keeps a step counter per tensor
-        optimizer_state = OPTIMIZER_STATES[optimizer] * n_params * state_bytes + steps
-        master = n_params * FP32 if mixed_precision else 0
+        gradients, optimizer_state, master = _training_state(n_params, n_tensors, b, optimizer, mixed_precision)
         hidden, ffn, attn, logits, other = _saved_for_backward(s)
     else:
         peak_phase, (hidden, ffn, attn, logits, other) = _prefill_peak(s)

@@ -53,9 +53,9 @@ def _run_unmasked(fn: Callable, probes: list[Probe]) -> tuple[list[Finding], lis
             crashed.append((p, exc))
             continue
         if not findings and not all(torch.equal(a, b) for a, b in zip(args, (p.q, p.k, p.v))):
-            findings.append(Finding(Pitfall.GENERAL, gettext("modifies its inputs in place"),
-                                    gettext("q, k or v changed after the call (an in-place op such as q.mul_() or q *= ...). "
-                                    "Use out-of-place ops: q = q * scale.")))
+            findings.append(found(Pitfall.GENERAL, gettext("modifies its inputs in place"),
+                                  gettext("q, k or v changed after the call (an in-place op such as q.mul_() or q *= ...)."),
+                                  fix=gettext("use out-of-place ops: q = q * scale")))
         if not isinstance(out, torch.Tensor):
             return findings + [Finding(Pitfall.GENERAL, gettext("does not return a tensor"),
                                        gettext("expected a tensor [B, H, Tq, d], got {type}.").format(type=type(out).__name__))], [], []
@@ -193,10 +193,11 @@ def _unnamed_core(fn: Callable, ok: list[Ran], rest: list[int], gen: torch.Gener
         pass
     worst = max(max_abs_diff(ok[i][1], reference(ok[i][0], RIGHT)) for i in rest)
     where = only_for([_where(ok[i][0]) for i in rest], len(rest), len(ok))
-    return findings + [Finding(Pitfall.GENERAL, gettext("output differs from softmax(q kᵀ / sqrt(d)) v"),
-                               gettext("largest difference {worst:.3g} over {n_rest} random probes, and it is none of the known "
-                                 "mistakes.{value} Compare your intermediates with tinytf.scaled_dot_product_attention step by step.")
-                                     .format(worst=worst, n_rest=len(rest), value=' ' + where if where else ''))]
+    return findings + [found(Pitfall.GENERAL, gettext("output differs from softmax(q kᵀ / sqrt(d)) v"),
+                             gettext("largest difference {worst:.3g} over {n_rest} random probes, and it is none of the known "
+                                     "mistakes.{value}").format(worst=worst, n_rest=len(rest), value=' ' + where if where else ''),
+                             fix=gettext("compare your intermediates (scores, weights, output) with "
+                                         "tinytf.scaled_dot_product_attention step by step"))]
 
 
 Masked = tuple[int, torch.Tensor]  # (index of the unmasked probe, bool mask)

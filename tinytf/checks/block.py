@@ -177,7 +177,8 @@ def _leak_step(m: nn.Module, xs: list[torch.Tensor], gen: torch.Generator, tol: 
         if leaks is None:
             return [found(Pitfall.CAUSAL_OFF_BY_ONE, _("non-finite output"),
                           _("the block outputs NaN or inf. A causal mask that blocks the diagonal leaves row 0 with nothing to "
-                          "attend to: softmax over all -inf is NaN."), where=_on(xs, [i]) if len(xs) > 1 else "")]
+                          "attend to: softmax over all -inf is NaN."), where=_on(xs, [i]) if len(xs) > 1 else "",
+                          fix=_("keep the diagonal in the causal mask: ones(T, T).tril() (each token may read itself)"))]
         if leaks:
             per_x[i] = sorted(leaks)
     if not per_x:
@@ -226,8 +227,8 @@ def diagnose_block(factory: Callable[[], nn.Module], *, dim: int | None = None, 
         return [Finding(Pitfall.GENERAL, _("factory() did not return an nn.Module"), _("got {type}.").format(type=type(m).__name__))]
     d = dim if dim is not None else _infer_dim(m)
     if d is None:
-        return [Finding(Pitfall.GENERAL, _("cannot infer the model width D"),
-                        _("no dim-like attribute, LayerNorm or Linear found; call diagnose_block(factory, dim=D)."))]
+        return [found(Pitfall.GENERAL, _("cannot infer the model width D"), _("no dim-like attribute, LayerNorm or Linear found."),
+                      fix=_("call diagnose_block(factory, dim=D)"))]
     limit = _max_len(m)
     t = min(tokens, limit) if limit else tokens
     p = next(m.parameters(), None)

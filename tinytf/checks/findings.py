@@ -1,14 +1,17 @@
-"""``Finding`` (one diagnosed problem, named by its :class:`~tinytf.checks.catalog.Pitfall`) and ``report``."""
+"""``Finding`` (one diagnosed problem, named by its :class:`~tinytf.checks.catalog.Pitfall`), ``report``,
+and ``relation``/``tensor_relation``: a wrong number named by how it relates to the right one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
-from ..translation import _, current_language, ngettext
+from ..translation import _, ngettext
 from .catalog import Pitfall
 
-__all__ = ["Finding", "report", "found", "fix_sentence", "split_fix"]
+__all__ = ["Finding", "report", "found", "fix_sentence", "split_fix", "relation", "tensor_relation", "shape_relation"]
 
 
 def fix_sentence(fix: str, lang: str | None = None) -> str:
@@ -33,14 +36,13 @@ class Finding:
 
     ``fix`` is this finding's own one-line fix, printed instead of the catalog's fix for ``pitfall`` where
     the catalog's would be wrong for what was found; empty = the catalog's fix is the fallback. Title,
-    message and fix are said in the language of the notebook that ran the diagnosis (:mod:`tinytf.translation`);
-    ``fix_zh`` is an explicit Chinese fix kept for findings written before the message catalog."""
+    message and fix are said in the language of the notebook that ran the diagnosis (:mod:`tinytf.translation`:
+    the caller wraps them in ``_()``, the Chinese lives in the one catalog)."""
 
     pitfall: Pitfall
     title: str
     message: str
     fix: str = ""
-    fix_zh: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pitfall", Pitfall(self.pitfall))  # a plain int from JSON becomes its name
@@ -57,17 +59,15 @@ class Finding:
         return self.message
 
 
-def found(pitfall: Pitfall, title: str, evidence: str, *, where: str = "", fix: bool | str = True,
-          fix_zh: str = "") -> Finding:
+def found(pitfall: Pitfall, title: str, evidence: str, *, where: str = "", fix: bool | str = True) -> Finding:
     """A finding whose message is ``evidence``, then ``where`` (the inputs that show it), then the fix:
-    ``fix`` when it is a string (this finding's own, with its Chinese ``fix_zh``), else the catalog's
+    ``fix`` when it is a string (this finding's own, already translated: ``fix=_("...")``), else the catalog's
     one-line fix for ``pitfall`` (the single source of that wording; none with ``fix=False``)."""
     message = evidence.rstrip()
     if where:
         message += " " + where
     if isinstance(fix, str):
-        said = fix_zh if fix_zh and current_language() == "zh" else fix
-        return Finding(pitfall, title, message + fix_sentence(said), fix=said, fix_zh=fix_zh)
+        return Finding(pitfall, title, message + fix_sentence(fix), fix=fix)
     if fix and pitfall is not Pitfall.GENERAL:
         message += fix_sentence(_(pitfall.fix))
     return Finding(pitfall, title, message)
@@ -86,3 +86,93 @@ def report(findings: Iterable[Finding], *, name: str | None = None) -> str:
         lines.append(f"  x [{tag}] {f.title}")
         lines.append(f"      {f.text}")
     return "\n".join(lines)
+
+
+def _times(r: float) -> str:
+    """``r`` (a clean ratio of a wrong value to the right one) in words: "exactly half the right value"."""
+    if r == 2.0:
+        return _("exactly twice the right value")
+    if r == 0.5:
+        return _("exactly half the right value")
+    frac = Fraction(r).limit_denominator(64)
+    if float(frac) == r:
+        if frac.denominator == 1:
+            return _("exactly {n}× the right value").format(n=frac.numerator)
+        return _("exactly {num}/{den} of the right value").format(num=frac.numerator, den=frac.denominator)
+    square = Fraction(r * r).limit_denominator(64)
+    if math.isclose(float(square), r * r, rel_tol=1e-6):
+        root = square.numerator if square.denominator == 1 else square.denominator
+        return (_("exactly sqrt({root}) = {value:.3g}× the right value") if square.denominator == 1
+                else _("exactly 1/sqrt({root}) = 1/{value:.3g} of the right value")).format(root=root, value=math.sqrt(root))
+    return ""
+
+
+def _small(f: Fraction) -> bool:
+    """A ratio a student's slip makes: n, 1/n (n <= 64) or p/q with q <= 8 (3/4, 5/2, …), never 7/13."""
+    return f > 0 and f.numerator <= 64 and (f.denominator <= 8 or f.numerator == 1 and f.denominator <= 64)
+
+
+def _clean(r: float, tol: float) -> float | None:
+    """``r`` rounded to the nearest small fraction (or its square root) when it is one within ``tol``."""
+    cand = Fraction(r).limit_denominator(64)
+    if _small(cand) and math.isclose(float(cand), r, rel_tol=tol):
+        return float(cand)
+    square = Fraction(r * r).limit_denominator(64)
+    if _small(square) and math.isclose(float(square), r * r, rel_tol=2 * tol):
+        return math.sqrt(float(square))
+    return None
+
+
+def relation(got: float, want: float, *, suspects: Mapping[str, float] | None = None,
+             step: tuple[str, float] | None = None, tol: float = 1e-9) -> str:
+    """How a wrong number ``got`` relates to the right one ``want``, in words; ``""`` when no clean relation.
+
+    - one ``step`` more or less (``step = (name, size)``, default one unit, size 0: none; ``name`` translated by the
+      caller): "one tile more than the right value";
+    - a ratio ``got / want`` that one of ``suspects`` (``{what it means (translated): ratio}``) predicts:
+      "exactly half the right value: dtype_bytes=4 looks ignored";
+    - else a clean ratio (×2, ÷2, 3/4, sqrt(8), …): "exactly 1/sqrt(8) = 1/2.83 of the right value".
+    """
+    if got == want or not want or not all(map(math.isfinite, (got, want))):
+        return ""
+    name, size = step or ("", 1.0)
+    if size and math.isclose(abs(got - want), size, rel_tol=tol, abs_tol=tol):
+        if name:
+            return (_("one {name} more than the right value (off by one)") if got > want
+                    else _("one {name} less than the right value (off by one)")).format(name=name)
+        return _("one more than the right value (off by one)") if got > want else _("one less than the right value (off by one)")
+    r = got / want
+    for meaning, ratio in (suspects or {}).items():
+        if ratio and math.isclose(r, ratio, rel_tol=max(tol, 1e-12)):
+            times = _times(_clean(r, max(tol, 1e-12)) or r) or _("{ratio:.4g}× the right value").format(ratio=r)
+            return _("{times}: {meaning}").format(times=times, meaning=meaning)
+    clean = _clean(r, max(tol, 1e-12))
+    return _times(clean) if clean not in (None, 1.0) else ""  # 1: the same value to rounding, nothing to name
+
+
+def tensor_relation(got: object, want: object, *, suspects: Mapping[str, float] | None = None) -> str:
+    """:func:`relation` for tensors of one shape: when ``got`` is ``c * want`` for one number ``c`` (every
+    entry scaled alike, to float32 rounding), how ``c`` relates to 1; else ``""``."""
+    import torch
+
+    if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)) or got.shape != want.shape:
+        return ""
+    g, w = got.detach().double().reshape(-1), want.detach().double().reshape(-1)
+    if not (torch.isfinite(g).all() and torch.isfinite(w).all()) or float(w.abs().max()) == 0:
+        return ""
+    c = float((g @ w) / (w @ w))
+    if not torch.allclose(g, c * w, rtol=1e-4, atol=1e-5 * float(w.abs().max())):
+        return ""
+    return relation(c, 1.0, suspects=suspects, step=("", 0.0), tol=1e-4)  # a factor, never "one more"
+
+
+def shape_relation(got: Sequence[int], want: Sequence[int], names: Sequence[str] = ()) -> str:
+    """Where a shape is one off in a single axis: "dim 2 (Tq) has one more (6) than it should (5)"; ``""`` otherwise
+    (a shape off in several axes, e.g. transposed, is no off-by-one)."""
+    offs = [(i, g, w) for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    if len(got) != len(want) or len(offs) != 1 or abs(offs[0][1] - offs[0][2]) != 1:
+        return ""
+    (i, g, w), = offs
+    label = f" ({names[i]})" if i < len(names) else ""
+    return (_("dim {i}{label} has one more ({got}) than it should ({want})") if g > w
+            else _("dim {i}{label} has one less ({got}) than it should ({want})")).format(i=i, label=label, got=g, want=w)

@@ -115,10 +115,10 @@ def diagnose_expand_kv(fn: Callable) -> list[Finding]:
         want = (s.b, s.heads, s.t_k, s.d)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
             got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            return [Finding(Pitfall.GENERAL, gettext("expand_kv returns the wrong shape"),
-                            gettext("expected [B, heads, T, d] = {want}, got {got} {s_where}: repeat along the head axis (dim=1), not "
-                                    "the time "
-                              "axis.").format(want=list(want), got=got, s_where=s.where()))]
+            return [found(Pitfall.GENERAL, gettext("expand_kv returns the wrong shape"),
+                          gettext("expected [B, heads, T, d] = {want}, got {got} {s_where}.").format(want=list(want), got=got,
+                                                                                                       s_where=s.where()),
+                          fix=gettext("repeat along the head axis: kv.repeat_interleave(heads // kv_heads, dim=1), not the time axis"))]
         named = _name_mapping(_read_mapping(out, kv), s)
         if named:
             bad.append((s, named))
@@ -133,9 +133,10 @@ def _grouping_probe(fn: Callable, s: Shape, gen: torch.Generator) -> tuple[str, 
     want = _reference(q, k, v)
     if not isinstance(out, torch.Tensor) or out.shape != want.shape:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return Finding(Pitfall.GENERAL, gettext("grouped attention returns the wrong shape"),
-                       gettext("expected [B, H, Tq, dv] = {want_shape}, got {got} {s_where}: every query head gets an output.")
-                           .format(want_shape=list(want.shape), got=got, s_where=s.where()))
+        return found(Pitfall.GENERAL, gettext("grouped attention returns the wrong shape"),
+                     gettext("expected [B, H, Tq, dv] = {want_shape}, got {got} {s_where}.")
+                     .format(want_shape=list(want.shape), got=got, s_where=s.where()),
+                     fix=gettext("expand k and v to the H query heads first, so every query head gets an output"))
     if is_close(out, want):
         return None
     labels = torch.arange(1.0, s.kv_heads + 1).view(1, -1, 1, 1).expand(s.b, -1, s.t_k, s.dv)  # v = g + 1 on K/V head g
@@ -145,13 +146,13 @@ def _grouping_probe(fn: Callable, s: Shape, gen: torch.Generator) -> tuple[str, 
     if named:
         return named
     if is_close(out, _reference(q, k, v, scale=1.0)):
-        return found(Pitfall.SCALE, gettext("the scores are not scaled"), gettext("each query head reads the right K/V head, but the "
-                                                                                  "scores "
-                     "miss the 1/sqrt(d) factor."), where=gettext("Seen {s_where}.").format(s_where=s.where()))
-    return Finding(Pitfall.GENERAL, gettext("grouped attention differs from the reference"),
-                   gettext("each query head reads the right K/V head (h // groups), yet the output differs by up to {max_abs_diff:.3g} "
-                     "{s_where}: compare softmax(q kᵀ / sqrt(d)) v head by head.")
-                         .format(max_abs_diff=max_abs_diff(out, want), s_where=s.where()))
+        return found(Pitfall.SCALE, gettext("the scores are not scaled"),
+                     gettext("each query head reads the right K/V head, but the scores miss the 1/sqrt(d) factor."),
+                     where=gettext("Seen {s_where}.").format(s_where=s.where()))
+    return found(Pitfall.GENERAL, gettext("grouped attention differs from the reference"),
+                 gettext("each query head reads the right K/V head (h // groups), yet the output differs by up to {max_abs_diff:.3g} "
+                         "{s_where}.").format(max_abs_diff=max_abs_diff(out, want), s_where=s.where()),
+                 fix=gettext("compare softmax(q kᵀ / sqrt(d)) v head by head"))
 
 
 @quietly

@@ -69,12 +69,12 @@ def _base_losses(fn: Callable, cases: list[Case]) -> tuple[list[torch.Tensor], l
                 .format(logits_shape=list(c.logits.shape), ids_shape=list(c.ids.shape)), exc, Pitfall.GENERAL, hint)]
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             got = _("shape {loss_shape}").format(loss_shape=list(loss.shape)) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            return [], [Finding(Pitfall.GENERAL, _("loss is not a scalar tensor"),
-                                _("got {got}; return a 0-d tensor (the mean over real target tokens).").format(got=got))]
+            return [], [found(Pitfall.GENERAL, _("loss is not a scalar tensor"), _("got {got}.").format(got=got),
+                              fix=_("return a 0-d tensor: the mean over the real target tokens"))]
         if not loss.requires_grad:
-            return [], [Finding(Pitfall.GENERAL, _("loss is detached from the logits"),
-                                _("it does not require grad, so backward() cannot train the model. "
-                                "Do not call .item(), .detach() or torch.tensor(...) on it."))]
+            return [], [found(Pitfall.GENERAL, _("loss is detached from the logits"),
+                              _("it does not require grad, so backward() cannot train the model."),
+                              fix=_("do not call .item(), .detach() or torch.tensor(...) on it"))]
         if not torch.isfinite(loss):
             return [], [Finding(Pitfall.GENERAL, _("non-finite loss"), _("got {loss} on ordinary random logits.").format(loss=float(loss)))]
         base.append(loss.detach())

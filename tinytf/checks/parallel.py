@@ -89,9 +89,10 @@ def diagnose_row_parallel(outputs: Sequence[torch.Tensor], reference: torch.Tens
                       _("every rank's output is the reference plus (P - 1) = {value} biases: each rank added the bias before the "
                         "all-reduce summed them.").format(value=world - 1))]
     worst = max((o - reference).abs().max().item() for o in outputs)
-    return [Finding(Pitfall.GENERAL, _("the tensor-parallel output is wrong"),
-                    _("ranks {bad} differ from the single-process output (max |difference| {worst:.2e}), and neither a partial sum nor "
-                      "extra biases explain it. Check how the weights were split (diagnose_qkv_split).").format(bad=bad, worst=worst))]
+    return [found(Pitfall.GENERAL, _("the tensor-parallel output is wrong"),
+                  _("ranks {bad} differ from the single-process output (max |difference| {worst:.2e}), and neither a partial "
+                    "sum nor extra biases explain it.").format(bad=bad, worst=worst),
+                  fix=_("check how the weights were split (diagnose_qkv_split)"))]
 
 
 def diagnose_replicated(tensors: Sequence[torch.Tensor], what: str = N_("the activation")) -> list[Finding]:
@@ -130,6 +131,7 @@ def diagnose_ring_attention(outputs: Sequence[torch.Tensor], q: torch.Tensor, k:
         return [found(Pitfall.RING_LOCAL_OFFSET, _("the causal mask uses local positions"),
                       _("the outputs equal attention in which every K/V block's keys (and every rank's queries) start at "
                       "position 0: blocks from the future are seen, blocks from the past are half hidden."))]
-    return [Finding(Pitfall.GENERAL, _("ring attention differs from full attention"),
-                    _("max |ring - full causal attention| = {value_abs_max_item:.2e}; check the online-softmax merge of each arriving "
-                      "block.").format(value_abs_max_item=(got - right).abs().max().item()))]
+    return [found(Pitfall.GENERAL, _("ring attention differs from full attention"),
+                  _("max |ring - full causal attention| = {value_abs_max_item:.2e}.")
+                  .format(value_abs_max_item=(got - right).abs().max().item()),
+                  fix=_("check the online-softmax merge of each arriving block: alpha = exp(m - m_new) on l and acc"))]

@@ -68,17 +68,18 @@ def diagnose_online_softmax(fn: Callable) -> list[Finding]:
             return [crash_finding(gettext("the online softmax update on scores {s_shape}").format(s_shape=list(s.shape)), exc)]
         m, l, acc, _ = results[kind]
         if not all(isinstance(t, torch.Tensor) for t in (m, l, acc)) or acc.shape != (*s.shape[:-1], v.size(-1)):
-            return [Finding(Pitfall.GENERAL, gettext("the update returns the wrong thing"),
-                            gettext("return (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv]); got acc {acc}.").format(acc=_shape(acc)))]
+            return [found(Pitfall.GENERAL, gettext("the update returns the wrong thing"), gettext("got acc {acc}.").format(acc=_shape(acc)),
+                          fix=gettext("return (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv])"))]
     want = {kind: torch.softmax(s, dim=-1).nan_to_num(0.0) @ v for kind, (s, v, _) in probes.items()}
     ok = {kind: is_close(results[kind][3], want[kind]) for kind in probes}
     where = gettext("(scores [2, 5, 10] folded in key tiles of 3)")
     if not ok["falling"]:
-        return [Finding(Pitfall.GENERAL, gettext("the online softmax is wrong even when the maximum never changes"),
-                        gettext("with each row's maximum in the first tile, acc / l after the last tile differs from softmax(scores) @ v "
-                                "by up to {max_abs_diff:.3g} {where}. m is the running maximum, l the running sum of exp(scores - m), "
-                                "acc the running sum of exp(scores - m) @ v.")
-                                    .format(max_abs_diff=max_abs_diff(results['falling'][3], want['falling']), where=where))]
+        return [found(Pitfall.GENERAL, gettext("the online softmax is wrong even when the maximum never changes"),
+                      gettext("with each row's maximum in the first tile, acc / l after the last tile differs from softmax(scores) @ v "
+                              "by up to {max_abs_diff:.3g} {where}.")
+                      .format(max_abs_diff=max_abs_diff(results['falling'][3], want['falling']), where=where),
+                      fix=gettext("m is the running maximum, l the running sum of exp(scores - m), acc the running sum of "
+                                  "exp(scores - m) @ v"))]
     if not ok["rising"]:
         return [found(Pitfall.ACC_NOT_RESCALED, gettext("the running sums are not rescaled when the maximum grows"),
                       gettext("right while each row's maximum sits in the first tile, wrong (by up to {max_abs_diff:.3g}) when every "
@@ -91,9 +92,10 @@ def diagnose_online_softmax(fn: Callable) -> list[Finding]:
                       gettext("when a row's first tile is all -inf its maximum is still -inf, and exp(-inf - -inf) is NaN; "
                       "the rows then stay NaN (scores [2, 4, 9] with keys 0-2 masked, row 1 masked everywhere)."))]
     if not ok["masked"]:
-        return [Finding(Pitfall.MASK, gettext("a masked tile changes the result"),
-                        gettext("a score of -inf must get the weight exp(-inf) = 0, and a row that saw only masked keys keeps l = 0, "
-                        "acc = 0 (scores [2, 4, 9] with keys 0-2 masked)."))]
+        return [found(Pitfall.MASK, gettext("a masked tile changes the result"),
+                      gettext("a score of -inf must get the weight exp(-inf) = 0 (scores [2, 4, 9] with keys 0-2 masked)."),
+                      fix=gettext("p = exp(s - m_new) with the -inf scores kept as they are, so masked keys add 0 to l and acc; a row "
+                                  "that saw only masked keys keeps l = 0, acc = 0"))]
     return []
 
 
@@ -182,9 +184,10 @@ def _name_unmasked(fn: Callable, ran: list[tuple[TiledProbe, torch.Tensor]]) -> 
 
 
 def _differs(p: TiledProbe, out: torch.Tensor, when: str) -> Finding:
-    return Finding(Pitfall.GENERAL, _("tiled attention differs from softmax(q kᵀ / sqrt(d)) v"),
-                   _("{when}, by up to {max_abs_diff:.3g} {p_where}. Compare each query block with tinytf.scaled_dot_product_attention, "
-                     "one key tile at a time.").format(when=when, max_abs_diff=max_abs_diff(out, reference(p)), p_where=p.where()))
+    return found(Pitfall.GENERAL, _("tiled attention differs from softmax(q kᵀ / sqrt(d)) v"),
+                 _("{when}, by up to {max_abs_diff:.3g} {p_where}.").format(when=when, max_abs_diff=max_abs_diff(out, reference(p)),
+                                                                             p_where=p.where()),
+                 fix=_("compare each query block with tinytf.scaled_dot_product_attention, one key tile at a time"))
 
 
 def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
@@ -196,8 +199,10 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
             return [crash_finding(_("tiled attention with a mask {mask_shape}").format(mask_shape=list(p.mask.shape)), exc, Pitfall.MASK,
                            _("fn(q, k, v, mask, block_q=..., block_k=...) takes a bool mask broadcastable to [B, H, Tq, Tk]."))]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
-            return [Finding(Pitfall.ORIENTATION, _("wrong output shape with a mask"), _("got {out} {p_where}.")
-                .format(out=_shape(out), p_where=p.where()))]
+            return [found(Pitfall.ORIENTATION, _("wrong output shape with a mask"), _("expected {reference}, got {out} {p_where}.")
+                          .format(reference=list(reference(p).shape), out=_shape(out), p_where=p.where()),
+                          fix=_("the mask broadcasts over the scores [B, H, Tq, Tk]: slice it per tile, mask[..., q0:q1, k0:k1], "
+                                "and keep out [B, H, Tq, dv]"))]
         if not torch.isfinite(out).all():
             why = (_("its first key tile is entirely masked, so m is still -inf and exp(-inf - -inf) = NaN")
                    if p.kind == "left padding" else _("a row that may see nothing ends with l = 0 and acc / l = 0 / 0"))
@@ -206,9 +211,9 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
         if not is_close(out, reference(p)):
             empty = p.kind == "empty rows" and not is_close(out[..., ::3, :], torch.zeros_like(out[..., ::3, :]))
             what = _("rows that may see nothing must be zeros") if empty else _("masked keys must get exactly zero weight")
-            return [found(Pitfall.MASK, _("masked tiled attention differs from the reference"),
-                          _("{what}: mask each tile's scores with -inf before the update.")
-                              .format(what=what), where=_("Seen {p_where}.").format(p_where=p.where()))]
+            return [found(Pitfall.MASK, _("masked tiled attention differs from the reference"), _("{what}.").format(what=what),
+                          where=_("Seen {p_where}.").format(p_where=p.where()),
+                          fix=_("mask each tile's scores with -inf before the update: s.masked_fill(~mask[..., q0:q1, k0:k1], -inf)"))]
     return []
 
 
@@ -222,10 +227,10 @@ def _memory(fn: Callable, gen: torch.Generator) -> list[Finding]:
     if meter.peak >= scores // 4:
         return [found(Pitfall.EXPLICIT_IN_PRODUCTION, gettext("the tiled forward holds the whole score matrix"),
                       gettext("its measured peak is {meter_peak} bytes for q, k, v [{b}, {h}, {t}, {d}] with {block} × {block} tiles, "
-                              "{value:.2f}× one [B, H, T, T] float32 score matrix ({scores} bytes); a tile is {value2} bytes. Compute "
-                              "q_i @ k_jᵀ per tile, never q @ kᵀ.")
-                                  .format(meter_peak=meter.peak, b=b, h=h, t=t, d=d, block=block, value=meter.peak / scores,
-                                      scores=scores, value2=b * h * block * block * 4))]
+                              "{value:.2f}× one [B, H, T, T] float32 score matrix ({scores} bytes); a tile is {value2} bytes.")
+                      .format(meter_peak=meter.peak, b=b, h=h, t=t, d=d, block=block, value=meter.peak / scores,
+                              scores=scores, value2=b * h * block * block * 4),
+                      fix=gettext("compute the scores q_i @ k_jᵀ per tile inside the loop, never q @ kᵀ for the whole sequence"))]
     return []
 
 
@@ -246,8 +251,9 @@ def diagnose_tiled_attention(fn: Callable) -> list[Finding]:
                                          "Tk)).")
             return [crash_finding(_("tiled attention {p_where}").format(p_where=p.where()), exc, Pitfall.GENERAL, hint)]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
-            return [Finding(Pitfall.ORIENTATION, _("wrong output shape"), _("expected {reference} = [B, H, Tq, dv], got {out} {p_where}.")
-                .format(reference=list(reference(p).shape), out=_shape(out), p_where=p.where()))]
+            return [found(Pitfall.ORIENTATION, _("wrong output shape"), _("expected {reference} = [B, H, Tq, dv], got {out} {p_where}.")
+                          .format(reference=list(reference(p).shape), out=_shape(out), p_where=p.where()),
+                          fix=_("write each query tile's acc / l into out[..., q0:q1, :], out of shape [B, H, Tq, dv]"))]
         ran.append((p, out))
     findings = _name_unmasked(fn, ran) or _name_masked(fn, gen)
     if findings:

@@ -14,7 +14,7 @@ import torch
 
 from ..translation import _
 from .catalog import Pitfall
-from .findings import Finding, found
+from .findings import Finding, found, relation
 from .probe import crash_finding, is_close, max_abs_diff, quietly
 from .tiled_probes import causal_reference, tile_count
 
@@ -49,8 +49,9 @@ def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
         i, j = (int(x) for x in (reads & ~allowed).nonzero()[0])
         return found(Pitfall.CAUSAL_OFF_BY_ONE, _("a query reads a future key"),
                      _("query {i} reads key {j} > {value}: the mask inside the diagonal tiles lets the future leak.")
-                         .format(i=i, j=j, value=offset + i),
-                     where=_("Seen {where}.").format(where=where))
+                     .format(i=i, j=j, value=offset + i),
+                     where=_("Seen {where}.").format(where=where),
+                     fix=_("inside a diagonal tile block key j of query i when j > Tk - Tq + i (END-aligned), not when j > i"))
     own = reads[torch.arange(tq), torch.arange(tq) + offset]
     if own.all():
         return None
@@ -61,14 +62,16 @@ def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
     if start < offset + i and reads[i, start:offset + i].all():
         return found(Pitfall.CAUSAL_OFF_BY_ONE, _("a query does not read its own key"),
                      _("query {i} reads keys {start}..{value} of its diagonal tile but not key {value2} itself: the causal mask inside "
-                       "the tile is off by one (query i may read key j when j <= Tk - Tq + i).")
-                           .format(i=i, start=start, value=offset + i - 1, value2=offset + i), where=_("Seen {where}.").format(where=where))
+                       "the tile is off by one.")
+                     .format(i=i, start=start, value=offset + i - 1, value2=offset + i), where=_("Seen {where}.").format(where=where),
+                     fix=_("let query i read key j when j <= Tk - Tq + i (its own key included): keep j <= offset + i, "
+                           "not j < offset + i"))
     return found(Pitfall.DIAGONAL_TILE_SKIPPED, _("the diagonal tile is skipped"),
                  _("query {i} reads none of keys {start}..{value} — the key tile that holds its own key was never computed{value2}. Only "
                    "key blocks that start at or after Tk - Tq + q1 lie wholly in the future.")
-                       .format(i=i, start=start, value=offset + i,
-                           value2=_(' (row 0 has nothing to attend to)') if not reads[0].any() else ''), where=_("Seen {where}.")
-                               .format(where=where))
+                 .format(i=i, start=start, value=offset + i,
+                         value2=_(' (row 0 has nothing to attend to)') if not reads[0].any() else ''),
+                 where=_("Seen {where}.").format(where=where))
 
 
 def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], gen: torch.Generator) -> Finding | None:
@@ -77,9 +80,9 @@ def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], ge
     where = _where(q, k, bq, bk)
     res = fn(q.clone(), k.clone(), v.clone(), block_q=bq, block_k=bk)
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.Tensor)):
-        return Finding(Pitfall.GENERAL, _("the causal tiled attention returns the wrong thing"),
-                       _("return (out [B, H, Tq, dv], tiles_computed: int); got {type} {where}.")
-                           .format(type=type(res).__name__, where=where))
+        return found(Pitfall.GENERAL, _("the causal tiled attention returns the wrong thing"),
+                     _("got {type} {where}.").format(type=type(res).__name__, where=where),
+                     fix=_("return (out [B, H, Tq, dv], tiles_computed: int)"))
     out, computed = res
     want = causal_reference(q, k, v)
     if out.shape != want.shape:
@@ -87,19 +90,23 @@ def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], ge
             .format(want_shape=list(want.shape), out_shape=list(out.shape), where=where))
     if not is_close(out, want):
         named = _name_reads(_reads(fn, q, k, v, bq, bk), bk, where)
-        return named or Finding(Pitfall.GENERAL, _("causal tiled attention differs from the reference"),
-                                _("by up to {max_abs_diff:.3g} {where}; compare with tinytf.scaled_dot_product_attention(q, k, v, "
-                                  "is_causal=True).").format(max_abs_diff=max_abs_diff(out.nan_to_num(0.0), want), where=where))
+        return named or found(Pitfall.GENERAL, _("causal tiled attention differs from the reference"),
+                              _("by up to {max_abs_diff:.3g} {where}.").format(max_abs_diff=max_abs_diff(out.nan_to_num(0.0), want),
+                                                                                where=where),
+                              fix=_("compare each query block with tinytf.scaled_dot_product_attention(q, k, v, is_causal=True)"))
     expected = tile_count(tq, tk, bq, bk)
     total = -(-tq // bq) * -(-tk // bk)
     if computed != expected:
         if computed == total:
-            return Finding(Pitfall.GENERAL, _("no tile is skipped"),
-                           _("it computed all {total} tiles, of which {value} lie wholly in the future {where}: stop each query block's "
-                             "key loop at Tk - Tq + q1.").format(total=total, value=total - expected, where=where))
-        return Finding(Pitfall.GENERAL, _("the count of computed tiles is wrong"),
-                       _("it says {computed!r}, but {expected} of the {total} tiles hold a key some query may see {where}; count one per "
-                         "q_i @ k_jᵀ computed.").format(computed=computed, expected=expected, total=total, where=where))
+            return found(Pitfall.GENERAL, _("no tile is skipped"),
+                         _("it computed all {total} tiles, of which {value} lie wholly in the future {where}.")
+                         .format(total=total, value=total - expected, where=where),
+                         fix=_("stop each query block's key loop at Tk - Tq + q1"))
+        how = relation(computed, expected, step=(_("tile"), 1)) if isinstance(computed, int) and not isinstance(computed, bool) else ""
+        return found(Pitfall.GENERAL, _("the count of computed tiles is wrong"),
+                     _("it says {computed!r}{how}, but {expected} of the {total} tiles hold a key some query may see {where}.")
+                     .format(computed=computed, how=f" ({how})" if how else "", expected=expected, total=total, where=where),
+                     fix=_("count one tile per q_i @ k_jᵀ computed"))
     return None
 
 

@@ -81,9 +81,9 @@ def _collect(fn: Callable) -> tuple[list[Finding], dict[tuple[int, int, int], to
                             _("fn({tq}, {tk}, {w}) returned {got}; expected a bool tensor [{tq}, {tk}] (query rows, key columns).")
                                 .format(tq=tq, tk=tk, w=w, got=got))], None
         if m.dtype != torch.bool:
-            return [Finding(Pitfall.GENERAL, _("the window mask is not boolean"),
-                            _("it has dtype {m_dtype}; tinytf and F.scaled_dot_product_attention take bool with True = may attend.")
-                                .format(m_dtype=m.dtype))], None
+            return [found(Pitfall.GENERAL, _("the window mask is not boolean"), _("it has dtype {m_dtype}.").format(m_dtype=m.dtype),
+                          fix=_("build it from comparisons: a bool tensor, True = may attend (what tinytf and "
+                                "F.scaled_dot_product_attention take)"))], None
         masks[(tq, tk, w)] = m.cpu()
     return [], masks
 

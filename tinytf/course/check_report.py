@@ -56,9 +56,9 @@ class Report:
 def finding_lines(f: dict[str, Any], lang: str) -> list[str]:
     """One diagnosed finding as two or three lines: the pitfall's name, the evidence, the fix.
 
-    The fix is the finding's own (``f["fix"]``, or an explicit Chinese ``f["fix_zh"]``) when it has one, else
-    the catalog's for its pitfall, in ``lang``. Title and evidence come as the diagnosis said them: in the
-    language of the kernel that ran it, which ``tinytf validate`` and the self-check set to the notebook's.
+    The fix is the finding's own (``f["fix"]``) when it has one, else the catalog's for its pitfall, in ``lang``.
+    Title, evidence and own fix come as the diagnosis said them (one message catalog): in the language of the
+    kernel that ran it, which ``tinytf validate`` and the self-check set to the notebook's.
     """
     from tinytf.checks.catalog import Pitfall
     from tinytf.checks.findings import split_fix
@@ -67,7 +67,7 @@ def finding_lines(f: dict[str, Any], lang: str) -> list[str]:
         pitfall = Pitfall(int(f["pitfall"]))
     except ValueError:  # a number the catalog does not know (a newer diagnosis)
         return [f"  x [{_('pitfall {number}', lang).format(number=f['pitfall'])}] {f['title']}", f"      {f['message']}"]
-    own = str((f.get("fix_zh") if lang == "zh" else "") or f.get("fix") or "")
+    own = str(f.get("fix") or "")
     evidence, said_fix = split_fix(str(f["message"]))
     lines = [f"  x [{pitfall.label(lang)}] {f['title']}"]
     if lang != "zh" and not own:

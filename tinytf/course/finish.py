@@ -5,27 +5,24 @@ job it decides each test cell's status from the submitted notebook (deleted, ren
 cells), nbgrader's executed notebook (errors, timeouts) and the clean-process judges
 (:mod:`tinytf.course.judges`): a cell nbgrader passed whose judge fails is ``failed`` — or ``tampered``
 when its record shows that checking functions had been replaced in the kernel — and one whose record
-is missing (``record`` bypassed) is ``tampered``; both earn 0. It writes the feedback HTML through ``nbgrader generate_feedback`` from a
-copy with every hidden test and every test-cell traceback removed (nbgrader 0.9.6's feedback does
-not remove hidden tests itself), and the job's verdict to ``<job>/result.json``.
+is missing (``record`` bypassed) is ``tampered``; both earn 0. It writes the feedback page
+(:mod:`tinytf.course.feedback`) and the job's verdict to ``<job>/result.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import html
 import importlib.util
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .gradebook import CellResult, plain_html
-from .messages import say, status_name, translate
+from .feedback import feedback_page, sanitize_for_feedback
+from .gradebook import CellResult
 from .notebook import (
     cell_source,
     cells_by_id,
@@ -41,9 +38,6 @@ from .notebook import (
 from .release import earlier_release, load_manifest
 
 __all__ = ["CellSpec", "grade_specs", "classify_test_cell", "judge_cells", "sanitize_for_feedback", "main"]
-
-_MAX_OUTPUT = 10_000  # characters kept per output in feedback
-
 
 @dataclass(frozen=True)
 class CellSpec:
@@ -216,115 +210,6 @@ def judge_cells(job: Path, course: Path, ex: str, student: str, name: str, submi
     return results, note, autograded
 
 
-def _truncate(text: str) -> str:
-    return text if len(text) <= _MAX_OUTPUT else text[:_MAX_OUTPUT] + f"\n… (output truncated: {len(text):,} characters)"
-
-
-def _coalesced(outputs: list[dict]) -> list[dict]:
-    """Consecutive stream outputs of one stream joined: how a kernel split its prints into messages
-    depends on timing, and the feedback page must be the same on every run."""
-    merged: list[dict] = []
-    for out in outputs:
-        prev = merged[-1] if merged else None
-        if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
-                and prev.get("name") == out.get("name")):
-            prev["text"] = cell_source({"source": prev.get("text", "")}) + cell_source({"source": out.get("text", "")})
-        else:
-            merged.append(out)
-    return merged
-
-
-def _trimmed(outputs: list[dict]) -> list[dict]:
-    outputs = _coalesced(outputs)
-    for out in outputs:
-        if out.get("output_type") == "stream":
-            out["text"] = _truncate(cell_source({"source": out.get("text", "")}))
-        elif out.get("output_type") == "error":
-            out["traceback"] = [_truncate("\n".join(out.get("traceback", [])))]
-        else:
-            data = out.get("data", {})
-            for key in list(data):
-                if isinstance(data[key], (str, list)):
-                    data[key] = _truncate(cell_source({"source": data[key]}))
-    return outputs
-
-
-def sanitize_for_feedback(nb: dict, cells: list[CellResult], lang: str = "en") -> dict:
-    """A copy safe to show students: hidden tests and test-cell outputs removed, long outputs cut;
-    each test cell shows its status and message in ``lang``."""
-    nb = json.loads(json.dumps(nb))
-    by_id = {c.cell: c for c in cells}
-    for cell in nb.get("cells", []):
-        src = cell_source(cell)
-        meta = nbgrader_meta(cell)
-        if "HIDDEN TESTS" in src:
-            cell["source"] = strip_hidden(src)
-        if cell.get("cell_type") != "code":
-            continue
-        if meta.get("grade_id") in by_id and meta.get("grade") and not meta.get("solution"):  # a test cell
-            r = by_id[meta["grade_id"]]
-            status = status_name(r.status, lang)
-            text = f"{status}: {translate(r.message, lang)}" if r.message else status
-            cell["outputs"] = [] if r.status == "ok" else [{"output_type": "stream", "name": "stderr", "text": text + "\n"}]
-        else:
-            cell["outputs"] = _trimmed(cell.get("outputs", []))
-    return nb
-
-
-def _summary_cell(ex: str, student: str, cells: list[CellResult], note: str, lang: str = "en") -> dict:
-    rows = "\n".join(f"| `{c.cell}` | {c.points:g} / {c.max_points:g} | {status_name(c.status, lang)} | "
-                     f"{html.escape(translate(c.message, lang))} |" for c in cells)
-    total = sum(c.points for c in cells)
-    best = sum(c.max_points for c in cells)
-    text = f"## {say('fb_title', lang, ex=ex, student=student)}\n\n{say('fb_points', lang, total=total, best=best)}\n\n"
-    if note:
-        text += say("fb_note", lang, note=html.escape(translate(note, lang))) + "\n\n"
-    text += say("fb_columns", lang) + "\n|---|---|---|---|\n" + rows + "\n"
-    return {"cell_type": "markdown", "id": "tinytf-grading-summary", "metadata": {}, "source": text}
-
-
-def _zero_failed(job: Path, ex: str, student: str, name: str, cells: list[CellResult]) -> None:
-    """Our verdict overrides nbgrader's in the job's gradebook, so its feedback page shows our points."""
-    from nbgrader.api import Gradebook
-
-    from .nbgrader_root import COURSE_ID
-
-    with Gradebook(f"sqlite:///{job / 'gradebook.db'}", COURSE_ID) as gb:
-        for c in cells:
-            if c.status not in ("ok", "needs-manual-grade"):
-                try:
-                    g = gb.find_grade(c.cell, Path(name).stem, ex, student)
-                except Exception:  # noqa: BLE001 - a cell nbgrader never saw
-                    continue
-                g.manual_score = 0.0
-        gb.db.commit()
-
-
-def _feedback(job: Path, ex: str, student: str, name: str, cells: list[CellResult], note: str, autograded: dict,
-              lang: str = "en") -> Path:
-    """The student's feedback page, in the submission's language ``lang``."""
-    out = job / "feedback.html"
-    if not autograded:
-        write_atomic(out, plain_html(ex, student, cells, note, lang))
-        return out
-    nb = sanitize_for_feedback(autograded, cells, lang)
-    nb["cells"].insert(0, _summary_cell(ex, student, cells, note, lang))
-    write_atomic(job / "autograded" / student / ex / name, json.dumps(nb))
-    try:
-        from .nbgrader_root import api
-
-        _zero_failed(job, ex, student, name, cells)
-        result = api(job).generate_feedback(ex, student, force=True)
-        html_path = job / "feedback" / student / ex / (Path(name).stem + ".html")
-        if result.get("success") and html_path.exists():
-            shutil.copyfile(html_path, out)
-            return out
-    except Exception:  # noqa: BLE001 - fall back to the plain page below
-        pass
-    write_atomic(out, plain_html(ex, student, cells, note, lang))
-    return out
-
-
 def _load_judge_files(files: Iterable[str]) -> None:
     for i, path in enumerate(files):
         spec = importlib.util.spec_from_file_location(f"_tinytf_extra_judges_{i}", path)
@@ -340,7 +225,7 @@ def _finish_one(item: dict, course: Path) -> None:
     try:
         lang, root = item.get("edition", "en"), Path(item.get("course", course))  # the submission's edition
         cells, note, autograded = judge_cells(job, root, item["exercise"], item["student"], item["name"], Path(item["submission"]))
-        fb = _feedback(job, item["exercise"], item["student"], item["name"], cells, note, autograded, lang)
+        fb = feedback_page(job, item["exercise"], item["student"], item["name"], cells, note, autograded, lang)
         payload = {"note": note, "feedback": str(fb), "cells": [asdict(c) for c in cells]}
     except Exception as err:  # noqa: BLE001 - one broken job must not stop the others
         payload = {"error": f"{type(err).__name__}: {err}"[:300]}

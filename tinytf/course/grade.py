@@ -13,9 +13,9 @@ student and exercise:
    ran a job) — per-cell timeout (nbgrader's ``Execute.timeout``), a whole-notebook wall limit,
    ``RLIMIT_AS`` per process, everything killed at the end (:func:`tinytf.course.sandbox.run_limited`'s
    limits). Hidden tests call ``record(...)`` into the job's ``TINYTF_RECORD_DIR``.
-2. *Finish* (no student code): ``jobs`` clean ``python -I -m tinytf.course.finish`` processes,
-   once every sandbox has ended, judge every test cell and write the feedback pages
-   (:mod:`tinytf.course.finish`); the jobs go to them on stdin.
+2. *Finish* (no student code): ``jobs`` clean ``python -I -m tinytf.course.finish`` processes
+   (:mod:`tinytf.course.finishers`) judge every test cell and write the feedback pages
+   (:mod:`tinytf.course.finish`); each job goes to them on stdin as soon as its sandbox has ended.
 3. The parent writes the gradebook (:mod:`tinytf.course.gradebook`): ``grades.csv``,
    ``grades_per_cell.csv``, ``feedback/<student>/<exercise>.html`` and ``summary.txt``.
 
@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -40,21 +38,21 @@ from pathlib import Path
 
 from tinytf.language import edition_of
 
-from .finish import CellSpec, classify_test_cell, grade_specs, sanitize_for_feedback
+from .feedback import sanitize_for_feedback
+from .finish import CellSpec, classify_test_cell, grade_specs
+from .finishers import Finishers
+from .finishers import finish_all as _finish_all  # looked up here at call time: benchmarks/grading.py wraps it
 from .gradebook import STATUSES, CellResult, ExerciseResult, aggregate, summary_text, whole, write_gradebook
 from .nbgrader_root import REPO, cached_course_root, ensure_tool_path, find_notebooks, nbgrader_config
 from .notebook import cells_by_id, load_json, read_notebook, write_atomic
 from .sandbox import ForkServer, Limits, run_limited
-from .shard import in_shard, write_shard_info
+from .shard import write_shard_info
+from .submissions import find_submission, for_nbgrader, safe_id, student_folders
 
 __all__ = ["STATUSES", "CellSpec", "CellResult", "ExerciseResult", "grade", "grade_specs", "classify_test_cell",
            "sanitize_for_feedback", "summary_text", "read_notebook"]
 
-_STUDENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,127}$")
 _AUTOGRADE_JOB = Path(__file__).with_name("autograde_job.py")
-# `python -I -m tinytf.course.finish`, of this very tinytf (-I ignores PYTHONPATH and the folder it runs in)
-_FINISH_MAIN = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r}); import runpy; "
-                "runpy.run_module('tinytf.course.finish', run_name='__main__', alter_sys=True)")
 # what the sandbox's fork server imports once (autograde_job's imports), instead of every job
 _PRELOAD = ["nbgrader.apps", "nbgrader.converters", "nbgrader.preprocessors", "nbclient", "jupyter_client.manager"]
 # the steps `benchmarks/grading.py` times (module attributes it wraps)
@@ -75,37 +73,6 @@ class _Context:
     servers: queue.Queue | None = None  # ForkServers, one per worker (None: a fresh interpreter per job)
 
 
-def _safe_id(name: str) -> str:
-    """``name`` when it is a safe nbgrader student id, else a readable safe id with a hash suffix."""
-    if _STUDENT.match(name):
-        return name
-    import hashlib
-
-    return "s_" + re.sub(r"[^A-Za-z0-9_.@+-]", "_", name)[:60] + "_" + hashlib.sha1(name.encode()).hexdigest()[:8]
-
-
-def _find_submission(student_dir: Path, ex: str, name: str) -> Path | None:
-    for cand in (student_dir / name, student_dir / ex / name):
-        if cand.is_file():
-            return cand
-    matches = sorted(p for p in student_dir.glob(f"{ex}*.ipynb") if p.is_file())
-    matches += sorted(p for p in student_dir.glob(f"{ex}/{ex}*.ipynb") if p.is_file())
-    return matches[0] if len(matches) == 1 else None
-
-
-def _for_nbgrader(nb: dict, known: set[str]) -> dict:
-    """The copy nbgrader grades: cells whose grade_id the source does not know (renamed, invented) or whose
-    nbgrader metadata is malformed become ordinary cells, so one bad cell cannot stop the whole notebook."""
-    for cell in nb.get("cells", []):
-        meta = cell.get("metadata")
-        if not isinstance(meta, dict) or "nbgrader" not in meta:
-            continue
-        nbg = meta["nbgrader"]
-        if not isinstance(nbg, dict) or nbg.get("grade_id") not in known:
-            del meta["nbgrader"]
-    return nb
-
-
 def _whole(ctx: _Context, ex: str, student: str, status: str, message: str) -> ExerciseResult:
     return whole(ex, student, [(s.grade_id, s.points) for s in ctx.specs[ex]], status, message)
 
@@ -122,7 +89,7 @@ def _make_job(ctx: _Context, student: str, ex: str, sub: Path, nb: dict, lang: s
     (job / "submitted" / student / ex).mkdir(parents=True)
     pristine = job.parent / f"{student}__{ex}.submitted.ipynb"  # outside the sandbox's root
     shutil.copyfile(sub, pristine)
-    write_atomic(job / "submitted" / student / ex / name, json.dumps(_for_nbgrader(nb, ctx.known_ids[ex])))
+    write_atomic(job / "submitted" / student / ex / name, json.dumps(for_nbgrader(nb, ctx.known_ids[ex])))
     (job / "records").mkdir()
     config = nbgrader_config(job, timeout=ctx.cell_timeout, edition=lang)
     write_atomic(job.parent / f"{student}__{ex}.nbgrader.json", json.dumps(config))
@@ -132,14 +99,14 @@ def _make_job(ctx: _Context, student: str, ex: str, sub: Path, nb: dict, lang: s
 def _sandbox_one(ctx: _Context, student: str, student_dir: Path, ex: str) -> ExerciseResult | dict:
     """Run one submission in the sandbox; an ExerciseResult when nothing needs judging, else a job item."""
     name = ctx.names[ex]
-    sub = _find_submission(student_dir, ex, name)
+    sub = find_submission(student_dir, ex, name)
     if sub is None:
         return _whole(ctx, ex, student, "missing-submission", f"no {name} in the submission folder")
     try:
         nb = read_notebook(sub)
     except ValueError as err:
         return _whole(ctx, ex, student, "unreadable", f"{sub.name}: {err}")
-    display, student = student, _safe_id(student)  # nbgrader and the paths get a safe id; the CSVs the folder name
+    display, student = student, safe_id(student)  # nbgrader and the paths get a safe id; the CSVs the folder name
     lang = edition_of(nb) if edition_of(nb) in ctx.courses else "en"  # graded against its own edition's source
     job, pristine = _make_job(ctx, student, ex, sub, nb, lang)
     env = dict(ctx.env, TINYTF_RECORD_DIR=str(job / "records"), IPYTHONDIR=str(job / ".ipython"), TINYTF_LANG=lang)
@@ -159,51 +126,6 @@ def _sandbox_one(ctx: _Context, student: str, student_dir: Path, ex: str) -> Exe
         (job / "autograde.json").unlink(missing_ok=True)  # whatever it wrote is not trusted
     return {"job": str(job), "exercise": ex, "student": student, "display": display, "name": name, "submission": str(pristine),
             "edition": lang, "course": str(ctx.courses[lang])}
-
-
-class _Finishers:
-    """``jobs`` clean judging processes (``python -I -m tinytf.course.finish``); :meth:`send` gives
-    each job to the least loaded one."""
-
-    def __init__(self, ctx: _Context, jobs: int) -> None:
-        cmd = [sys.executable, "-I", "-c", _FINISH_MAIN, "--course", str(ctx.courses["en"])]
-        for f in ctx.judge_files:
-            cmd += ["--judge-file", f]
-        clean_env = {k: v for k, v in ctx.env.items() if k != "TINYTF_RECORD_DIR"}
-        self.procs = []
-        for k in range(jobs):
-            with (ctx.work / f"finish-{k}.log").open("wb") as log:
-                self.procs.append(subprocess.Popen(cmd, cwd=ctx.work, env=clean_env, stdin=subprocess.PIPE,
-                                                   stdout=log, stderr=subprocess.STDOUT))
-        self.sent = [0] * jobs
-
-    def send(self, item: dict) -> None:
-        k = self.sent.index(min(self.sent))
-        self.sent[k] += 1
-        try:
-            self.procs[k].stdin.write((json.dumps(item) + "\n").encode())
-            self.procs[k].stdin.flush()
-        except OSError:
-            pass  # a judging process that died: its jobs are reported as grader errors
-
-    def close(self) -> None:
-        for proc in self.procs:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-
-
-def _finish_all(ctx: _Context, finishers: _Finishers) -> None:
-    """Wait for the judging processes to judge every job sent to them (a job without result.json
-    is reported as a grader error)."""
-    finishers.close()
-    for proc, n in zip(finishers.procs, finishers.sent):
-        try:
-            proc.wait(timeout=600 + 120 * n)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _collect(ctx: _Context, item: dict) -> ExerciseResult:
@@ -250,32 +172,49 @@ def _setup(solutions: Path, sols: dict[str, dict[str, Path]], work: Path, releas
     return courses, names, specs, known
 
 
+def _editions(solutions: Path, exercises: Iterable[str] | None) -> dict[str, dict[str, Path]]:
+    """The solutions of every edition: ``{"en": {exercise: path}}`` and, where ``solutions/zh/`` has
+    the Chinese twins, ``"zh"`` too (a Chinese submission is graded against them)."""
+    sols = find_notebooks(solutions, exercises)
+    if not sols:
+        raise FileNotFoundError(f"no exNN_*.ipynb in {solutions}")
+    editions = {"en": sols}
+    if (solutions / "zh").is_dir():
+        try:
+            editions["zh"] = find_notebooks(solutions / "zh", sorted(sols))
+        except FileNotFoundError as err:
+            print(f"tinytf grade: Chinese submissions are graded as English ones: {err}", file=sys.stderr)
+    return editions
+
+
 def _run_all(ctx: _Context, students: list[Path], exercises: list[str], jobs: int, progress: bool) -> list[ExerciseResult]:
-    """Every (student, exercise): the sandboxes ``jobs`` at a time, then the judging processes."""
+    """Every (student, exercise): the sandboxes ``jobs`` at a time, each judged as soon as it has ended
+    by the judging processes (started at once, at a lower priority: they import while the first kernels run)."""
     from tqdm.auto import tqdm
 
     tasks = [(s.name, s, ex) for s in students for ex in exercises]
     results: list[ExerciseResult] = []
     pending: list[dict] = []
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_sandbox_one, ctx, *t): t for t in tasks}
-        bar = tqdm(total=len(tasks), desc="grading", unit="notebook", disable=not progress)
-        for fut in as_completed(futures):
-            student, _, ex = futures[fut]
-            try:
-                got = fut.result()
-            except Exception as err:  # noqa: BLE001 - the run finishes whatever happens
-                got = _whole(ctx, ex, student, "error", f"grader error: {type(err).__name__}: {err}"[:300])
-            (results if isinstance(got, ExerciseResult) else pending).append(got)
-            bar.update(1)
-        bar.close()
-    # judged once every sandbox has ended: judging processes started earlier compete with the first kernels
-    # for the CPU, and on a busy machine a kernel then misses nbclient's 4 s IOPub timeout
-    pending.sort(key=lambda it: (it["student"], it["exercise"]))
-    finishers = _Finishers(ctx, jobs)
-    for item in pending:
-        finishers.send(item)
-    _finish_all(ctx, finishers)
+    finishers = Finishers(ctx.courses["en"], ctx.work, ctx.env, ctx.judge_files, jobs)
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(_sandbox_one, ctx, *t): t for t in tasks}
+            bar = tqdm(total=len(tasks), desc="grading", unit="notebook", disable=not progress)
+            for fut in as_completed(futures):
+                student, _, ex = futures[fut]
+                try:
+                    got = fut.result()
+                except Exception as err:  # noqa: BLE001 - the run finishes whatever happens
+                    got = _whole(ctx, ex, student, "error", f"grader error: {type(err).__name__}: {err}"[:300])
+                if isinstance(got, ExerciseResult):
+                    results.append(got)
+                else:
+                    pending.append(got)
+                    finishers.send(got)
+                bar.update(1)
+            bar.close()
+    finally:
+        _finish_all(finishers)
     return results + [_collect(ctx, item) for item in pending]
 
 
@@ -309,18 +248,9 @@ def grade(
     submissions, out = Path(submissions), Path(out)
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of SUBMISSIONS/<student>/<exercise>.ipynb")
-    sols = find_notebooks(solutions, exercises)
-    if not sols:
-        raise FileNotFoundError(f"no exNN_*.ipynb in {solutions}")
-    editions = {"en": sols}
-    if (Path(solutions) / "zh").is_dir():  # the Chinese twins: a Chinese submission is graded against them
-        try:
-            editions["zh"] = find_notebooks(Path(solutions) / "zh", sorted(sols))
-        except FileNotFoundError as err:
-            print(f"tinytf grade: Chinese submissions are graded as English ones: {err}", file=sys.stderr)
-    students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if shard is not None:
-        students = [p for p in students if in_shard(p.name, *shard)]
+    editions = _editions(Path(solutions), exercises)
+    sols = editions["en"]
+    students = student_folders(submissions, shard)
     work = Path(tempfile.mkdtemp(prefix="tinytf-grade-"))
     servers: list[ForkServer] = []
     try:

@@ -122,7 +122,7 @@ def nbgrader_config(root: str | os.PathLike, *, timeout: int = 60, max_output_li
     code_stub, text_stub = _STUBS.get(edition, _STUBS["en"])
     c.ClearSolutions.code_stub = {"python": code_stub}
     c.ClearSolutions.text_stub = text_stub
-    c.merge(kernel_config())  # encrypted kernel sockets where the kernelspec allows it
+    c.merge(kernel_config())  # IPC sockets of its own, encrypted where the kernelspec allows it
     return c
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,21 @@ def skip_slow_imports() -> None:
 def kernel_config() -> Any:
     """The traitlets config for the kernels we start (nbclient here, nbgrader's in the grader).
 
-    jupyter_client then provisions CurveZMQ keys for kernelspecs that declare ``supported_encryption:
+    Call it once per kernel. IPC transport: the kernel's sockets are files under a path made fresh by
+    each call (absolute: the kernel runs in the notebook's folder, its client elsewhere), so kernels
+    started at the same moment — two validate runs, a grading job beside a test — never race for a TCP
+    port (on TCP, jupyter_client picks a free port, frees it and hands it to the kernel, and a second
+    kernel could take it meanwhile: "Address already in use"), and no socket is reachable over the
+    network. jupyter_client then provisions CurveZMQ keys for kernelspecs that declare ``supported_encryption:
     curve`` (ipykernel >= 7), so the kernel's sockets are encrypted and it no longer logs
     "Kernel is running over TCP without encryption". Kernels that cannot are started as before.
     """
-    import zmq
+    import zmq  # Jupyter's messaging and config: kept out of `import tinytf`
     from traitlets.config import Config
 
     c = Config()
+    c.KernelManager.transport = "ipc"
+    c.KernelManager.ip = str(Path(tempfile.gettempdir()) / f"tinytf-kernel-{uuid.uuid4().hex[:12]}")  # sockets: <ip>-<port>
     c.KernelManager.transport_encryption = "auto" if zmq.has("curve") else "disabled"
     return c
 

@@ -13,36 +13,31 @@ The grader runs :mod:`tinytf.course.autograde_job` under those limits: one nbgra
 submission in its own course root.
 
 :class:`ForkServer` runs the same jobs without paying the job's imports each time: a server process
-(this file run by path, importing nothing of tinytf) imports nbgrader once, runs no job itself, and
-forks one child per job; the child starts a new session, takes the limits, the job's environment,
-folder and log, and runs the job script. Each job is still its own process, forked from the same
-clean state (copy-on-write, never from a process that ran a job), and the student code still runs
-in the Jupyter kernel the job starts (a fresh interpreter); the wall limit and the kill of the whole
-tree are :func:`run_limited`'s, and the server (a subreaper on Linux) kills whatever is left below
-it before it reports a job done.
+(:mod:`tinytf.course.fork_server`, run by path, importing nothing of tinytf) imports nbgrader once,
+runs no job itself, and forks one child per job. Each job is still its own process, forked from the
+same clean state (copy-on-write, never from a process that ran a job), and the student code still
+runs in the Jupyter kernel the job starts (a fresh interpreter); the wall limit and the kill of the
+whole tree are :func:`run_limited`'s.
 """
 
 from __future__ import annotations
 
-import sys
-
-if __name__ == "__main__":  # run by path as the server: our notebook.py would shadow Jupyter's `notebook`
-    _HERE = __import__("os").path.dirname(__import__("os").path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if __import__("os").path.abspath(p or ".") != _HERE]
-
 import json
 import os
-import resource
 import select
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
 
+from .fork_server import apply_limits, write_all
+
 __all__ = ["Limits", "RunResult", "run_limited", "kill_job", "ForkServer"]
 
 JOB_ENV = "TINYTF_JOB"
+_SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_server.py")  # run by path
 
 
 @dataclass(frozen=True)
@@ -62,17 +57,9 @@ class RunResult:
     seconds: float
 
 
-def _apply_limits(memory_mb: int, file_mb: int) -> None:
-    mem = int(memory_mb) * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    size = int(file_mb) * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
 def _preexec(limits: Limits):
     def apply() -> None:  # runs in the child between fork and exec
-        _apply_limits(limits.memory_mb, limits.file_mb)
+        apply_limits(limits.memory_mb, limits.file_mb)
 
     return apply
 
@@ -138,109 +125,6 @@ def run_limited(
     return RunResult(rc, timed_out, time.monotonic() - start)
 
 
-def _run_job(req: dict) -> int:
-    """In the forked child: the job's session, limits, environment, folder and log, then its script."""
-    import runpy
-
-    _apply_limits(req["memory_mb"], req["file_mb"])
-    os.chdir(req["cwd"])
-    null = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if req["log"] else os.open(os.devnull, os.O_WRONLY)
-    for fd, target in ((null, 0), (log, 1), (log, 2)):
-        os.dup2(fd, target)
-    os.environ.clear()
-    os.environ.update(req["env"])
-    sys.argv = list(req["argv"])
-    try:
-        runpy.run_path(req["argv"][0], run_name="__main__")
-        code = 0
-    except SystemExit as end:
-        code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
-    except BaseException:  # noqa: BLE001 - reported in the log, like an uncaught error in a fresh interpreter
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return code
-
-
-def _write(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def _adopt_orphans() -> None:
-    """Linux: this process becomes a subreaper, so a job's orphans (even re-sessioned ones) stay its
-    descendants, which :func:`_kill_descendants` can find."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass  # elsewhere only the TINYTF_JOB sweep of kill_job remains
-
-
-def _kill_descendants() -> None:
-    """SIGKILL and reap every process left below the server (the job has ended or been killed)."""
-    import psutil
-
-    for _ in range(100):
-        kids = psutil.Process().children(recursive=True)
-        for kid in kids:
-            try:
-                kid.kill()
-            except psutil.Error:
-                pass
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
-        if not kids:
-            return
-        time.sleep(0.02)
-
-
-def serve(preload: list[str]) -> None:
-    """The server loop: import ``preload``; per request line (JSON) fork a child that runs the job;
-    answer ``pid N`` once the child leads its own session, then ``rc R`` when it and everything it
-    started have ended."""
-    import importlib
-
-    _adopt_orphans()
-    chan = os.dup(1)  # the replies; fd 1 goes to /dev/null so that nothing an import prints mixes in
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-    sys.modules.setdefault("rfc3987_syntax", None)  # see tinytf.course.notebook.skip_slow_imports
-    for name in preload:
-        importlib.import_module(name)
-    _write(chan, b"ready\n")
-    for line in sys.stdin.buffer:
-        req = json.loads(line)
-        ready_r, ready_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            code = 1
-            try:
-                os.close(ready_r)
-                os.close(chan)  # the server's channel is not the job's (fd 0 is replaced in _run_job)
-                os.setsid()
-                os.write(ready_w, b"x")
-                os.close(ready_w)
-                code = _run_job(req)
-            finally:
-                os._exit(code)  # no interpreter shutdown: a second or more saved, nothing left to flush
-        os.close(ready_w)
-        os.read(ready_r, 1)  # the child leads its own session now: killpg(pid) reaches it
-        os.close(ready_r)
-        _write(chan, f"pid {pid}\n".encode())
-        _, status = os.waitpid(pid, 0)
-        _kill_descendants()
-        _write(chan, f"rc {os.waitstatus_to_exitcode(status)}\n".encode())
-
-
 class ForkServer:
     """A server process that imports ``preload`` once and forks one limited child per :meth:`run`;
     one job at a time (use one server per worker). ``env``: the server's environment (each job gets
@@ -249,7 +133,7 @@ class ForkServer:
 
     def __init__(self, preload: list[str], env: dict[str, str] | None = None) -> None:
         env = {k: v for k, v in (os.environ if env is None else env).items() if k != JOB_ENV}
-        self._proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *preload], env=env, bufsize=0,
+        self._proc = subprocess.Popen([sys.executable, _SERVER, *preload], env=env, bufsize=0,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._state = "starting"
 
@@ -282,7 +166,7 @@ class ForkServer:
             if self._state != "ready":
                 raise EOFError
             start = time.monotonic()
-            _write(self._proc.stdin.fileno(), (json.dumps(req) + "\n").encode())
+            write_all(self._proc.stdin.fileno(), (json.dumps(req) + "\n").encode())
             pid = int(self._line(None).split()[1])
         except (OSError, EOFError, ValueError, IndexError):
             self._state = "dead"
@@ -310,6 +194,3 @@ class ForkServer:
             self._proc.kill()
             self._proc.wait()
 
-
-if __name__ == "__main__":  # pragma: no cover
-    serve(sys.argv[1:])

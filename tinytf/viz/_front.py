@@ -12,16 +12,19 @@ one PNG, the value of an ``ipywidgets.Image`` (a single Agg draw, no ``bbox_inch
 
 from __future__ import annotations
 
-import io
 import os
+import struct
 import weakref
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..language import notebook_language
 from ..translation import N_, _
 
-__all__ = ["is_headless", "interactive_figure", "HEADLESS_ENV", "figure_or_message", "message_figure", "render_png",
+__all__ = ["is_headless", "interactive_figure", "HEADLESS_ENV", "figure_or_message", "message_figure", "render_png", "png_bytes",
            "choices", "remember", "recall", "LiveFigure", "STATIC_NOTE", "STATIC_NOTE_ZH", "log_axes", "keep_legend"]
 
 HEADLESS_ENV = "TINYTF_HEADLESS"
@@ -109,16 +112,14 @@ def figure_or_message(figure_fn: Callable[..., Any], **options: Any) -> Any:
 
 
 def render_png(fig: Any) -> bytes:
-    """``fig`` as PNG bytes at its own dpi: one Agg draw and a fast lossless PNG encoding (RGB, zlib level 1, RLE).
+    """``fig`` as PNG bytes at its own dpi: one Agg draw and a fast lossless PNG encoding (:func:`png_bytes`).
 
     The canvas renders each glyph once (:mod:`tinytf.viz.glyphs`: pixel for pixel what Agg draws).
     A figure whose remembered parts name the artists an update changes (``parts.artists()``) is
     blitted: the rest (axes, tick labels, colour bar) is drawn once and kept as a background, and
     each later call restores it and draws only those artists, in the order given.
     """
-    from PIL import Image
-
-    from .glyphs import GlyphCacheCanvas
+    from .glyphs import GlyphCacheCanvas  # matplotlib's Agg: kept out of `import tinytf`
 
     canvas = fig.canvas if isinstance(fig.canvas, GlyphCacheCanvas) else GlyphCacheCanvas(fig)  # the same pixels as Agg
     parts = recall(fig)
@@ -126,13 +127,33 @@ def render_png(fig: Any) -> bytes:
         _blit(fig, canvas, list(parts.artists()))
     else:
         canvas.draw()
-    w, h = canvas.get_width_height(physical=True)
-    image = Image.frombuffer("RGBA", (w, h), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    pixels = np.asarray(canvas.buffer_rgba())
     if fig.patch.get_visible() and fig.patch.get_facecolor()[3] == 1.0:
-        image = image.convert("RGB")  # an opaque figure: the alpha channel is 255 everywhere, a quarter of the bytes
-    buf = io.BytesIO()
-    image.save(buf, format="png", compress_level=1, compress_type=3)  # zlib Z_RLE: half the time of level 1 alone
-    return buf.getvalue()
+        pixels = pixels[..., :3]  # an opaque figure: the alpha channel is 255 everywhere, a quarter of the bytes
+    return png_bytes(pixels)
+
+
+def png_bytes(pixels: Any) -> bytes:
+    """``pixels: [H, W, 3 or 4]`` uint8 (RGB or RGBA) as a PNG: every row with filter type 1 ("Sub": each
+    byte minus the same channel one pixel to the left, so flat colour becomes runs of zeros), zlib level 1
+    with the run-length strategy. Lossless (PIL decodes the same pixels: tests/test_viz_front.py) and
+    about twice as fast as PIL's encoder at its fastest settings, whose adaptive filter choice per row
+    costs more than the compression; the file is somewhat larger, which a kernel-to-browser message
+    does not notice."""
+    h, w, c = pixels.shape
+    flat = np.ascontiguousarray(pixels, dtype=np.uint8).reshape(h, w * c)
+    rows = np.empty((h, w * c + 1), np.uint8)
+    rows[:, 0] = 1
+    rows[:, 1 : c + 1] = flat[:, :c]
+    np.subtract(flat[:, c:], flat[:, :-c], out=rows[:, c + 1 :])  # uint8: modulo 256, as PNG defines it
+    z = zlib.compressobj(1, zlib.DEFLATED, 15, 9, zlib.Z_RLE)
+    data = z.compress(rows.tobytes()) + z.flush()
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", w, h, 8, {3: 2, 4: 6}[c], 0, 0, 0)  # 8 bits, truecolour (+ alpha)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
 
 
 def _blit(fig: Any, canvas: Any, artists: list[Any]) -> None:

@@ -31,6 +31,7 @@ SUPPORTED = RenderMode is not None and hasattr(RendererAgg, "_draw_text_glyphs_a
 
 _GLYPHS: dict[tuple, tuple[np.ndarray, int, int]] = {}  # key -> (bitmap [h, w] uint8, left, top) at offset frac
 _LAYOUTS: dict[tuple, tuple] = {}  # (text, font props, rc fonts, dpi) -> ((font, glyph, x, y), ...)
+_METRICS: dict[tuple, tuple[float, float, float]] = {}  # (font props, rc fonts, dpi) -> line metrics
 _MAX = 200_000  # entries: a bound on memory (a few hundred bytes each), cleared when reached
 
 
@@ -42,7 +43,18 @@ def _rc_fonts() -> tuple:
 
 
 class _GlyphCacheRenderer(RendererAgg):
-    """:class:`RendererAgg` with cached glyph bitmaps and text layouts (see the module docstring)."""
+    """:class:`RendererAgg` with cached glyph bitmaps, text layouts and line metrics (see the module docstring)."""
+
+    def _get_font_height_metrics(self, prop: Any) -> tuple[float, float, float]:
+        """``(ascent, descent, line gap)`` in pixels exactly as ``Text._get_layout`` reads them from the font
+        (its OS/2 table, else hhea), once per font, size and dpi: matplotlib reads the tables again at every
+        layout of every text (a fifth of a redraw with the CJK font's large tables). ``Text`` asks its
+        renderer through this hook first."""
+        key = (hash(prop), _rc_fonts(), self.dpi)
+        got = _METRICS.get(key)
+        if got is None:
+            got = _METRICS[key] = _font_height_metrics(prop, self.dpi)
+        return got
 
     def draw_text(self, gc: Any, x: float, y: float, s: str, prop: Any, angle: float, ismath: Any = False,
                   mtext: Any = None) -> None:
@@ -84,6 +96,22 @@ class _GlyphCacheRenderer(RendererAgg):
             buffer, left, top = hit
             # whole pixels of the position (>> 6 floors, as the fractional part & 0x3F is its complement)
             self._renderer.draw_text_image(buffer, left + (px >> 6), height - (top + (py >> 6)) + buffer.shape[0], 0, gc)
+
+
+def _font_height_metrics(prop: Any, dpi: float) -> tuple[float, float, float]:
+    """matplotlib 3.11's ``Text._get_layout`` computation of the line metrics of ``prop`` at ``dpi``
+    (``(None, None, None)`` when the font has neither table: the caller then measures "lp")."""
+    from matplotlib.font_manager import fontManager, get_font
+
+    font = get_font(fontManager._find_fonts_by_props(prop))
+    for name, gap, ascent, descent in (("OS/2", "sTypoLineGap", "sTypoAscender", "sTypoDescender"),
+                                       ("hhea", "lineGap", "ascent", "descent")):
+        table = font.get_sfnt_table(name)
+        if table is None:
+            continue
+        scale = 1 / font.get_sfnt_table("head")["unitsPerEm"] * prop.get_size_in_points() * dpi / 72
+        return table[ascent] * scale, -table[descent] * scale, table[gap] * scale
+    return None, None, None  # type: ignore[return-value]
 
 
 class GlyphCacheCanvas(FigureCanvasAgg):

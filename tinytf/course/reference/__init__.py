@@ -29,7 +29,8 @@ __all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings"
 def not_implemented(name: str) -> Finding:
     """The finding for a student's ``name`` that still raises ``NotImplementedError``."""
     return Finding(Pitfall.GENERAL, _("{name} is not implemented yet").format(name=name),
-                   _("{name} still raises NotImplementedError: replace that line with your code.").format(name=name))
+                   _("{name} still raises NotImplementedError.").format(name=name),
+                   fix=_("replace the raise NotImplementedError line with your code"))
 
 
 def call_student(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Finding | None]:
@@ -61,8 +62,9 @@ def check_parts(namespace: dict[str, Any], parts: Iterable[tuple[str | Sequence[
         names = (names,) if isinstance(names, str) else tuple(names)
         objs = [namespace.get(name) for name in names]
         missing = [name for name, obj in zip(names, objs) if not callable(obj)]
-        findings.extend(Finding(Pitfall.GENERAL, _("{name} is missing").format(name=name), _("Define {name} in the notebook (keep its "
-                                                                                             "name and signature).").format(name=name))
+        findings.extend(Finding(Pitfall.GENERAL, _("{name} is missing").format(name=name),
+                                _("the notebook defines no {name}.").format(name=name),
+                                fix=_("define {name} in the notebook (keep its name and signature) and run its cell").format(name=name))
                         for name in missing)
         if missing:
             continue
@@ -136,4 +138,10 @@ def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed:
 def with_cause(findings: list[Finding], grade_id: str, cause: str) -> list[Finding]:
     """``findings`` (from :func:`judge_findings`) with ``cause`` added to the message of ``grade_id``'s
     finding: a later task's failure that an earlier task explains says so."""
-    return [Finding(f.pitfall, f.title, f"{f.message} — {cause}") if f.title.startswith(f"{grade_id} ") else f for f in findings]
+    import dataclasses
+
+    def caused(f: Finding) -> Finding:
+        evidence, fix = (f.message.split(" Fix: ", 1) + [""])[:2]
+        return dataclasses.replace(f, message=f"{evidence} — {cause}" + (f" Fix: {fix}" if fix else ""))
+
+    return [caused(f) if f.title.startswith(f"{grade_id} ") else f for f in findings]

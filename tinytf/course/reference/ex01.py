@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
+from tinytf.checks.findings import tensor_relation
 
 from ...translation import _, gettext
 from ..judges import judge
@@ -65,8 +66,10 @@ def _judge_hand_qk(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
 def _judge_scores(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     q, k = float_inputs(q, k)
     expected = reference_scores(q, k)
+    d = q.size(-1)
     close(tensor(value, expected.shape, "scores_by_hand(q, k)"), expected, "scores_by_hand(q, k)", given=shapes(q=q, k=k),
-          reference=_("q @ kᵀ / sqrt(d)"))
+          reference=_("q @ kᵀ / sqrt(d)"), suspects={_("divided by d = {d} instead of sqrt(d)").format(d=d): 1 / math.sqrt(d),
+                                                    _("not divided by sqrt(d)"): math.sqrt(d)})
 
 
 @judge("ex01_softmax")
@@ -102,8 +105,8 @@ def _probe() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def _diagnose_hand_qk(hand: Any) -> list[Finding]:
     if hand is None:
-        return [Finding(Pitfall.GENERAL, _("hand_qk is not defined yet"),
-                        _("Task 1a: type your QKᵀ table as a nested list hand_qk[i][j]."))]
+        return [found(Pitfall.GENERAL, _("hand_qk is not defined yet"), _("Task 1a asks for the QKᵀ table of the example."),
+                      fix=_("type your QKᵀ table as a nested list hand_qk[i][j]"))]
     try:
         table = torch.tensor(hand, dtype=torch.float32)
         ok = tuple(table.shape) == (3, 3) and torch.allclose(table, torch.tensor(EXAMPLE_Q) @ torch.tensor(EXAMPLE_K).T)
@@ -112,11 +115,13 @@ def _diagnose_hand_qk(hand: Any) -> list[Finding]:
     if ok:
         return []
     if _is_transposed(hand):
-        return [Finding(Pitfall.ORIENTATION, _("hand_qk is transposed (it is KQᵀ)"),
-                        _("Row i must be query i and column j key j: entry [i][j] = q[i] · k[j]. Yours has rows = keys."))]
-    return [Finding(Pitfall.ORIENTATION, _("hand_qk is not QKᵀ of the example"),
-                    _("Entry [i][j] is the dot product of query row i with key row j (no scaling yet): "
-                    "a 3 x 3 table, rows = queries, columns = keys."))]
+        return [found(Pitfall.ORIENTATION, _("hand_qk is transposed (it is KQᵀ)"),
+                      _("Row i must be query i and column j key j: entry [i][j] = q[i] · k[j]. Yours has rows = keys."),
+                      fix=_("transpose your table: row i = query i, entry [i][j] = q[i] · k[j]"))]
+    return [found(Pitfall.ORIENTATION, _("hand_qk is not QKᵀ of the example"),
+                  _("Entry [i][j] is the dot product of query row i with key row j (no scaling yet): "
+                    "a 3 x 3 table, rows = queries, columns = keys."),
+                  fix=_("recompute each entry [i][j] = q[i] · k[j] of the 3 x 3 table (no scaling yet)"))]
 
 
 def _is_transposed(hand: Any) -> bool:
@@ -135,21 +140,22 @@ def _diagnose_scores(fn: Any) -> list[Finding]:
     expected = reference_scores(q, k)
     if not isinstance(s, torch.Tensor) or tuple(s.shape) != tuple(expected.shape):
         hint = gettext(" (did you multiply by k instead of k.transpose(-2, -1)?)") if isinstance(s, torch.Tensor) else ""
-        return [Finding(Pitfall.ORIENTATION, gettext("scores_by_hand returns the wrong shape"),
-                        gettext("For q {q_shape} and k {k_shape} the scores must be [B, H, Tq, Tk] = {expected_shape}, got "
-                                "{s}{hint}.").format(
-                            q_shape=list(q.shape), k_shape=list(k.shape), expected_shape=list(expected.shape), s=shape_of(s), hint=hint))]
+        return [found(Pitfall.ORIENTATION, gettext("scores_by_hand returns the wrong shape"),
+                      gettext("For q {q_shape} and k {k_shape} the scores must be [B, H, Tq, Tk] = {expected_shape}, got "
+                              "{s}{hint}.").format(
+                          q_shape=list(q.shape), k_shape=list(k.shape), expected_shape=list(expected.shape), s=shape_of(s), hint=hint))]
     if torch.allclose(s, expected, atol=1e-4):
         return []
-    raw = q @ k.transpose(-2, -1)
-    if torch.allclose(s, raw, atol=1e-4):
-        msg = gettext("the scores are not divided by sqrt(d): divide q @ kᵀ by math.sqrt(q.size(-1)).")
-    elif torch.allclose(s, raw / q.size(-1), atol=1e-4):
-        msg = gettext("the scores are divided by d instead of sqrt(d).")
+    d = q.size(-1)
+    how = tensor_relation(s, expected,
+                          suspects={gettext("the scores are divided by d instead of sqrt(d) (d = {d})").format(d=d): 1 / math.sqrt(d),
+                                    gettext("the scores are not divided by sqrt(d)"): math.sqrt(d)})
+    if how:
+        msg = gettext("scores_by_hand(q, k) is {how}.").format(how=how)
     else:
         msg = (differs("scores_by_hand(q, k)", s, expected, f"q {list(q.shape)}, k {list(k.shape)}")
                + gettext(": the scores are q @ k.transpose(-2, -1) / sqrt(d) with d = q.size(-1) (the per-head width)."))
-    return [Finding(Pitfall.SCALE, gettext("scores_by_hand: wrong scaling or values"), msg)]
+    return [found(Pitfall.SCALE, gettext("scores_by_hand: wrong scaling or values"), msg)]  # the catalog's fix is this one
 
 
 def _diagnose_softmax(fn: Any) -> list[Finding]:
@@ -158,21 +164,23 @@ def _diagnose_softmax(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(w, torch.Tensor) or w.shape != scores.shape:
-        return [Finding(Pitfall.GENERAL, _("softmax_by_hand changes the shape"),
-                        _("scores {scores_shape} must give weights of the same shape.").format(scores_shape=list(scores.shape)))]
+        return [found(Pitfall.GENERAL, _("softmax_by_hand changes the shape"),
+                      _("scores {scores_shape} must give weights of the same shape.").format(scores_shape=list(scores.shape)),
+                      fix=_("reduce with keepdim=True and divide elementwise: e / e.sum(dim=-1, keepdim=True)"))]
     if not torch.allclose(w.sum(-1), torch.ones(scores.shape[:-1]), atol=1e-4):
-        return [Finding(Pitfall.ORIENTATION, _("softmax_by_hand: rows do not sum to one"),
-                        _("Normalise over the keys, the last axis: e / e.sum(dim=-1, keepdim=True)."))]
+        return [found(Pitfall.ORIENTATION, _("softmax_by_hand: rows do not sum to one"),
+                      _("the weights must be normalised over the keys, the last axis."),
+                      fix=_("e / e.sum(dim=-1, keepdim=True): sum over the keys (dim=-1), not the queries"))]
     if not torch.allclose(w, scores.softmax(-1), atol=1e-5):
-        return [Finding(Pitfall.GENERAL, _("softmax_by_hand: wrong values"),
-                        differs("softmax_by_hand(scores)", w, scores.softmax(-1), _("scores {scores_shape}").format(
-                            scores_shape=list(scores.shape)))
-                        + _(" (torch.softmax(scores, dim=-1))."))]
+        return [found(Pitfall.GENERAL, _("softmax_by_hand: wrong values"),
+                      differs("softmax_by_hand(scores)", w, scores.softmax(-1), _("scores {scores_shape}").format(
+                          scores_shape=list(scores.shape))) + ".",
+                      fix=_("compute e = exp(scores - max) and e / e.sum(dim=-1, keepdim=True), as torch.softmax(scores, dim=-1) does"))]
     big, problem = call_student("softmax_by_hand", fn, torch.tensor([[1000.0, 999.0, 0.0]]))
     if problem or not isinstance(big, torch.Tensor) or not bool(torch.isfinite(big).all()):
-        return [Finding(Pitfall.GENERAL, _("softmax_by_hand overflows on large scores"),
-                        _("exp(1000) is inf in float32: subtract each row's maximum "
-                        "(scores.amax(dim=-1, keepdim=True)) before exp; softmax does not change."))]
+        return [found(Pitfall.GENERAL, _("softmax_by_hand overflows on large scores"),
+                      _("exp(1000) is inf in float32; subtracting each row's maximum does not change the softmax."),
+                      fix=_("subtract each row's maximum before exp: e = (scores - scores.amax(dim=-1, keepdim=True)).exp()"))]
     return []
 
 
@@ -187,8 +195,9 @@ def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any]) -> list[Finding
         if problem:
             return [problem]
         if not (isinstance(res, (tuple, list)) and len(res) == 2):
-            return [Finding(Pitfall.GENERAL, _("attention_by_hand must return (out, weights)"), _("Return a pair: weights @ v and the "
-                                                                                                  "weights."))]
+            return [found(Pitfall.GENERAL, _("attention_by_hand must return (out, weights)"),
+                          _("it returned {type}.").format(type=type(res).__name__),
+                          fix=_("return a pair: return weights @ v, weights"))]
 
         def as_attention(q, k, v, mask=None):  # the mask is applied before the softmax
             if mask is None:
@@ -202,10 +211,10 @@ def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any]) -> list[Finding
     wrong_w = not (isinstance(w, torch.Tensor) and w.shape == ref_w.shape and torch.allclose(w, ref_w, atol=1e-4))
     if not findings and (wrong_out or wrong_w):
         given = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
-        findings.append(Finding(Pitfall.GENERAL, _("attention_by_hand differs from tinytf"),
-                                differs(_("attention_by_hand out") if wrong_out else _("attention_by_hand weights"),
-                                        out if wrong_out else w, ref_out if wrong_out else ref_w, given)
-                                + _(". Return (weights @ v, weights) with weights = softmax_by_hand(scores_by_hand(q, k)).")))
+        findings.append(found(Pitfall.GENERAL, _("attention_by_hand differs from tinytf"),
+                              differs(_("attention_by_hand out") if wrong_out else _("attention_by_hand weights"),
+                                      out if wrong_out else w, ref_out if wrong_out else ref_w, given) + ".",
+                              fix=_("return (weights @ v, weights) with weights = softmax_by_hand(scores_by_hand(q, k))")))
     return findings
 
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import _
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
-from .validators import bool_mask, close, differs, float_inputs, has_keys, shapes, should_be, tensor
+from .validators import bool_mask, close, differs, float_inputs, has_keys, shape_of, shapes, should_be, tensor
 
 __all__ = ["PROBES", "reference_masked_softmax", "reference_renormalise", "tinytf_masked_softmax", "diagnose"]
 
@@ -95,21 +95,22 @@ def _diagnose_mask(fn: Any) -> list[Finding]:
     expected = padding_mask(lengths, t)
     if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
         got = m.dtype if isinstance(m, torch.Tensor) else type(m).__name__
-        return [Finding(Pitfall.GENERAL, _("build_padding_mask must return a bool tensor"),
-                        _("got {got}; build it from a comparison (positions < lengths) so it is torch.bool, True = may attend.").format(
-                            got=got))]
+        return [found(Pitfall.GENERAL, _("build_padding_mask must return a bool tensor"), _("got {got}.").format(got=got),
+                      fix=_("build it from a comparison, torch.arange(t) < lengths[:, None], so it is torch.bool (True = may attend)"))]
     if tuple(m.shape) != tuple(expected.shape):
-        hint = _(" A [B, T] mask on [B, H, T, T] scores is read as [Tq, Tk]: add the axes with [:, None, None, :].") if m.dim() == 2 else ""
-        return [Finding(Pitfall.GENERAL, _("build_padding_mask has the wrong shape"),
-                        _("lengths {lengths}, t={t} must give [B, 1, 1, t] = {expected_shape}, got {m_shape}.{hint}").format(
-                            lengths=lengths, t=t, expected_shape=list(expected.shape), m_shape=list(m.shape), hint=hint))]
+        hint = _(" A [B, T] mask on [B, H, T, T] scores is read as [Tq, Tk].") if m.dim() == 2 else ""
+        return [found(Pitfall.GENERAL, _("build_padding_mask has the wrong shape"),
+                      _("lengths {lengths}, t={t} must give [B, 1, 1, t] = {expected_shape}, got {m_shape}.{hint}").format(
+                          lengths=lengths, t=t, expected_shape=list(expected.shape), m_shape=list(m.shape), hint=hint),
+                      fix=_("return the [B, t] comparison with the head and query axes added: mask[:, None, None, :]"))]
     if torch.equal(m, ~expected):
-        return [Finding(Pitfall.MASK, _("build_padding_mask uses the inverted convention"),
-                        _("True must mean 'may attend' (a real token), False = padding, as in F.scaled_dot_product_attention."))]
+        return [found(Pitfall.MASK, _("build_padding_mask uses the inverted convention"),
+                      _("True must mean 'may attend' (a real token), False = padding, as in F.scaled_dot_product_attention."),
+                      fix=_("flip the comparison: positions < lengths (True = real token), not positions >= lengths"))]
     if not torch.equal(m, expected):
-        return [Finding(Pitfall.GENERAL, _("build_padding_mask marks the wrong positions"),
-                        _("for lengths {lengths} and t={t}, key j of sequence b is real when j < lengths[b].").format(lengths=lengths,
-                            t=t))]
+        return [found(Pitfall.GENERAL, _("build_padding_mask marks the wrong positions"),
+                      _("for lengths {lengths} and t={t}, key j of sequence b is real when j < lengths[b].").format(lengths=lengths, t=t),
+                      fix=_("compare torch.arange(t)[None, :] < lengths[:, None]"))]
     return []
 
 
@@ -124,23 +125,25 @@ def _diagnose_masked_softmax(fn: Any) -> list[Finding]:
         return [problem]
     expected = reference_masked_softmax(scores, mask)
     if not isinstance(w, torch.Tensor) or w.shape != expected.shape:
-        return [Finding(Pitfall.GENERAL, _("masked_softmax returns the wrong shape"),
-                        _("expected {expected_shape} (the scores' shape).").format(expected_shape=list(expected.shape)))]
+        return [found(Pitfall.GENERAL, _("masked_softmax returns the wrong shape"),
+                      _("expected {expected_shape} (the scores' shape), got {got}.").format(expected_shape=list(expected.shape),
+                                                                                          got=shape_of(w)),
+                      fix=_("mask the scores (they broadcast with the mask), then softmax(dim=-1): same shape as the scores"))]
     if torch.allclose(w, reference_masked_softmax(scores, ~mask), atol=1e-5):
-        return [Finding(Pitfall.MASK, _("masked_softmax uses the inverted mask"),
-                        _("Block where mask is False: scores.masked_fill(~mask, float('-inf'))."))]
+        return [found(Pitfall.MASK, _("masked_softmax uses the inverted mask"),
+                      _("the weights sit on the padded keys: it blocks where mask is True."),
+                      fix=_("block where mask is False: scores.masked_fill(~mask, float('-inf'))"))]
     if torch.allclose(w, scores.softmax(-1) * mask, atol=1e-5) or torch.allclose(w, scores.softmax(-1).masked_fill(~mask, 0), atol=1e-5):
-        return [Finding(Pitfall.MASK, _("masked_softmax applies the mask after the softmax"),
-                        _("Zeroing weights after the softmax leaves rows that no longer sum to one. "
-                        "Fill the blocked scores with -inf before the softmax."))]
+        return [found(Pitfall.MASK, _("masked_softmax applies the mask after the softmax"),
+                      _("Zeroing weights after the softmax leaves rows that no longer sum to one."))]
     if not bool((w[~mask.expand_as(w)] == 0).all()):
-        return [Finding(Pitfall.MASK, _("masked_softmax leaves weight on padded keys"),
-                        _("Blocked weights must be exactly 0: use float('-inf') (not a large negative number) before the softmax."))]
+        return [found(Pitfall.MASK, _("masked_softmax leaves weight on padded keys"), _("blocked weights must be exactly 0."),
+                      fix=_("fill the blocked scores with float('-inf'), not a large negative number, before the softmax"))]
     if not torch.allclose(w, expected, atol=1e-5):
-        return [Finding(Pitfall.GENERAL, _("masked_softmax gives wrong weights"),
-                        differs("masked_softmax(scores, mask)", w, expected, _("scores {scores_shape}, mask {mask_shape}").format(
-                            scores_shape=list(scores.shape), mask_shape=list(mask.shape)))
-                        + _(" (softmax over the last axis, the keys, after masking)."))]
+        return [found(Pitfall.GENERAL, _("masked_softmax gives wrong weights"),
+                      differs("masked_softmax(scores, mask)", w, expected, _("scores {scores_shape}, mask {mask_shape}").format(
+                          scores_shape=list(scores.shape), mask_shape=list(mask.shape))) + ".",
+                      fix=_("scores.masked_fill(~mask, float('-inf')).softmax(dim=-1): the softmax over the keys, after masking"))]
     return []
 
 
@@ -155,17 +158,19 @@ def _diagnose_renormalise(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(r, torch.Tensor) or r.shape != weights.shape:
-        return [Finding(Pitfall.GENERAL, _("renormalise returns the wrong shape"), _("expected {weights_shape}.").format(
-            weights_shape=list(weights.shape)))]
+        return [found(Pitfall.GENERAL, _("renormalise returns the wrong shape"),
+                      _("expected {weights_shape}, got {got}.").format(weights_shape=list(weights.shape), got=shape_of(r)),
+                      fix=_("keep the weights' shape: w = weights * mask, then w / w.sum(dim=-1, keepdim=True)"))]
     if torch.allclose(r, weights * mask, atol=1e-6):
-        return [Finding(Pitfall.MASK, _("renormalise does not rescale the rows"),
-                        _("After zeroing the blocked weights, divide each row by its new sum so it adds up to one again."))]
+        return [found(Pitfall.MASK, _("renormalise does not rescale the rows"),
+                      _("after zeroing the blocked weights the rows no longer add up to one."),
+                      fix=_("divide each row by its new sum: w / w.sum(dim=-1, keepdim=True)"))]
     if not torch.allclose(r, reference_renormalise(weights, mask), atol=1e-6):
-        return [Finding(Pitfall.GENERAL, _("renormalise gives wrong values"),
-                        differs("renormalise(weights, mask)", r, reference_renormalise(weights, mask),
-                                _("weights {weights_shape}, mask {mask_shape}").format(weights_shape=list(weights.shape),
-                                    mask_shape=list(mask.shape)))
-                        + _(": zero where mask is False, then divide by the row sum (dim=-1, keepdim=True)."))]
+        return [found(Pitfall.GENERAL, _("renormalise gives wrong values"),
+                      differs("renormalise(weights, mask)", r, reference_renormalise(weights, mask),
+                              _("weights {weights_shape}, mask {mask_shape}").format(weights_shape=list(weights.shape),
+                                                                                     mask_shape=list(mask.shape))) + ".",
+                      fix=_("zero where mask is False, then divide by the row sum (dim=-1, keepdim=True)"))]
     return []
 
 

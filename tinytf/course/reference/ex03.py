@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings
-from .validators import close, differs, has_keys, seconds, shape_of, shapes
+from .validators import close, differs, has_keys, how_off, seconds, shape_of, shapes
 
 __all__ = ["maps_sum_to_one", "PROBES", "timing_problem", "timing_record", "reference_parameter_count", "reference_head_weights",
            "diagnose"]
@@ -158,17 +158,22 @@ def _diagnose_count(fn: Any) -> list[Finding]:
         want = reference_parameter_count(dim, heads, bias)
         if n == want:
             continue
-        hints = {
-            4 * dim * dim: gettext("that is the weights only: with bias=True each Linear also has one bias per output."),
-            3 * dim * dim + 3 * dim: gettext("that is qkv only: add the output projection proj (D -> D)."),
-            4 * dim * dim + 4 * dim: gettext("bias=False means no bias terms at all."),
-            (4 * dim * dim + (4 * dim if bias else 0)) // heads: gettext("the head count does not divide the parameters: the heads share "
-                                                                 "the D x 3D projection, each uses a slice of it."),
+        hints = {  # what the count holds: (evidence, fix)
+            4 * dim * dim: (gettext("that is the weights only"),
+                            gettext("with bias=True add one bias per output of each Linear: 3D + D")),
+            3 * dim * dim + 3 * dim: (gettext("that is qkv only"), gettext("add the output projection proj (D -> D): D·D + D")),
+            4 * dim * dim + 4 * dim: (gettext("those are the bias terms that bias=False leaves out"),
+                                      gettext("with bias=False count the weights only: 4·D·D")),
+            (4 * dim * dim + (4 * dim if bias else 0)) // heads: (
+                gettext("the count is divided by the head count"),
+                gettext("do not divide by heads: the heads share the D x 3D projection, each uses a slice")),
         }
-        hint = hints.get(n, "count qkv: weight [3D, D] + bias [3D], and proj: weight [D, D] + bias [D].")
-        return [Finding(Pitfall.GENERAL, gettext("mha_parameter_count gives a wrong count"),
-                        gettext("dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}; {hint}").format(
-                            dim=dim, heads=heads, bias=bias, n=n, want=want, hint=hint))]
+        evidence, fix = hints.get(n, ("", gettext("count qkv: weight [3D, D] + bias [3D], and proj: weight [D, D] + bias [D]")))
+        how = how_off(n, want) if isinstance(n, int) else ""
+        return [found(Pitfall.GENERAL, gettext("mha_parameter_count gives a wrong count"),
+                      gettext("dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}{how}{evidence}.").format(
+                          dim=dim, heads=heads, bias=bias, n=n, want=want, how=how, evidence="; " + evidence if evidence else ""),
+                      fix=fix)]
     return []
 
 
@@ -195,28 +200,32 @@ def _diagnose_timing(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(steady, float) or not math.isfinite(steady) or steady <= 0:
-        return [Finding(Pitfall.GENERAL, gettext("time_forward must return a positive float"),
-                        gettext("got {steady!r}; return seconds per call.").format(steady=steady))]
+        return [found(Pitfall.GENERAL, gettext("time_forward must return a positive float"),
+                      gettext("got {steady!r}.").format(steady=steady),
+                      fix=gettext("return the median seconds per call as a float"))]
     call = statistics.median(probe.inner[-12:]) if len(probe.inner) >= 12 else 0.003  # what one call took, measured inside it
     if steady >= 500 * call:
-        return [Finding(Pitfall.COLD_TIMING, gettext("time_forward returns milliseconds"),
-                        gettext("return seconds (time.perf_counter() differences) per call."))]
+        return [found(Pitfall.COLD_TIMING, gettext("time_forward returns milliseconds"),
+                      gettext("a module that sleeps 3 ms per call measured {steady:.4g}, about 1000× its time in seconds.").format(
+                          steady=steady),
+                      fix=gettext("return seconds: time.perf_counter() differences, not multiplied by 1000"))]
     if steady < 0.9 * call:
-        return [Finding(Pitfall.COLD_TIMING, gettext("time_forward measures too little"),
-                        gettext("a module that sleeps 3 ms per call measured {value:.2f} ms: time each call (and synchronise).").format(
-                            value=steady * 1e3))]
+        return [found(Pitfall.COLD_TIMING, gettext("time_forward measures too little"),
+                      gettext("a module that sleeps 3 ms per call measured {value:.2f} ms.").format(value=steady * 1e3),
+                      fix=gettext("time each call around model(x) itself (and synchronise on a GPU)"))]
     if len(probe.inner) >= 12 and steady >= 0.5 * sum(probe.inner[-12:]):
-        return [Finding(Pitfall.COLD_TIMING, gettext("time_forward returns the total, not the time per call"),
-                        gettext("a module that sleeps 3 ms per call measured {steady:.4f} s: take the median of the per-call "
-                                "times.").format(steady=steady))]
+        return [found(Pitfall.COLD_TIMING, gettext("time_forward returns the total, not the time per call"),
+                      gettext("a module that sleeps 3 ms per call measured {steady:.4f} s.").format(steady=steady),
+                      fix=gettext("time each call on its own and return the median of the per-call times"))]
     slow = _Sleepy(max(0.2, 100 * max(probe.inner, default=0.003)), 0.001)
     cold, problem = call_student("time_forward", fn, slow, x, repeats=5, warmup=1)
     if problem:
         return [problem]
     if isinstance(cold, float) and slow.inner and cold >= 0.5 * sum(slow.inner) / len(slow.inner):
-        return [Finding(Pitfall.COLD_TIMING, gettext("the first (cold) call dominates time_forward"),
-                        gettext("a module whose first call takes {value:.0f} ms and later ones 1 ms measured {value2:.1f} ms per call: run "
-                          "`warmup` untimed calls first and report the median.").format(value=slow.inner[0] * 1e3, value2=cold * 1e3))]
+        return [found(Pitfall.COLD_TIMING, gettext("the first (cold) call dominates time_forward"),
+                      gettext("a module whose first call takes {value:.0f} ms and later ones 1 ms measured {value2:.1f} ms per call.")
+                      .format(value=slow.inner[0] * 1e3, value2=cold * 1e3),
+                      fix=gettext("run `warmup` untimed calls first, then report the median of the timed ones"))]
     return []
 
 
@@ -234,8 +243,10 @@ def _diagnose_maps(fn: Any) -> list[Finding]:
             return [problem]
         ref = mha(x, return_weights=True)[1]
         if not isinstance(w, torch.Tensor) or tuple(w.shape) != tuple(ref.shape):
-            return [Finding(Pitfall.ORIENTATION, gettext("per_head_weights returns the wrong shape"),
-                            gettext("expected [B, H, T, T] = {ref_shape}, got {w}.").format(ref_shape=list(ref.shape), w=shape_of(w)))]
+            return [found(Pitfall.ORIENTATION, gettext("per_head_weights returns the wrong shape"),
+                          gettext("expected [B, H, T, T] = {ref_shape}, got {w}.").format(ref_shape=list(ref.shape), w=shape_of(w)),
+                          fix=gettext("split the heads with view(B, T, H, d_head).transpose(1, 2), then "
+                                      "softmax(q @ k.transpose(-2, -1) / sqrt(d_head), dim=-1)"))]
         if torch.allclose(w, ref, atol=1e-5):
             return []
         q, k, _ = mha.qkv(x).chunk(3, dim=-1)
@@ -243,30 +254,34 @@ def _diagnose_maps(fn: Any) -> list[Finding]:
         qh = q.view(b, t, h, d // h).transpose(1, 2)
         kh = k.view(b, t, h, d // h).transpose(1, 2)
         raw = qh @ kh.transpose(-2, -1)
-        variants = [
-            (raw.softmax(-1), Pitfall.SCALE, gettext("missing scaling"),
-             gettext("divide the scores by sqrt(d_head) = sqrt(mha.head_dim).")),
-            ((raw / (d // h)).softmax(-1), Pitfall.SCALE, gettext("scores divided by d_head instead of sqrt(d_head)"),
-             gettext("with d_head = {value} the scale is 1/sqrt(d_head) = 1/{math_sqrt:.3g}, not 1/d_head = 1/{value}: divide by "
-                     "math.sqrt(mha.head_dim).").format(value=d // h, math_sqrt=math.sqrt(d // h))),
+        by_sqrt = gettext("divide the scores by math.sqrt(mha.head_dim), one head's width")
+        dh = d // h
+        variants = [  # (weights, pitfall, title, evidence, fix)
+            (raw.softmax(-1), Pitfall.SCALE, gettext("missing scaling"), gettext("the scores are not scaled at all."), by_sqrt),
+            ((raw / dh).softmax(-1), Pitfall.SCALE, gettext("scores divided by d_head instead of sqrt(d_head)"),
+             gettext("with d_head = {value} the scale is 1/sqrt(d_head) = 1/{math_sqrt:.3g}, not 1/d_head = 1/{value}.").format(
+                 value=dh, math_sqrt=math.sqrt(dh)), by_sqrt),
             ((raw / d).softmax(-1), Pitfall.SCALE, gettext("scores divided by the model width D"),
-             gettext("the scale is 1/sqrt(d_head) with d_head = mha.head_dim, not 1/D.")),
+             gettext("the scale is 1/sqrt(d_head) = 1/{root:.3g} with d_head = mha.head_dim, not 1/D = 1/{d}.").format(
+                 root=math.sqrt(dh), d=d), by_sqrt),
             ((raw / math.sqrt(d)).softmax(-1), Pitfall.SCALE, gettext("scaled by the model width"),
-             gettext("scale by 1/sqrt(d_head) (one head's width), not 1/sqrt(D).")),
-            ((raw / math.sqrt(d // h)).softmax(-2), Pitfall.ORIENTATION, gettext("softmax over the wrong axis"),
-             gettext("normalise over the keys, the last axis: softmax(dim=-1).")),
-            ((q.reshape(b, h, t, d // h) @ k.reshape(b, h, t, d // h).transpose(-2, -1) / math.sqrt(d // h)).softmax(-1),
-             Pitfall.VIEW_AFTER_TRANSPOSE,             gettext("heads split with the wrong reshape"),
-             gettext("[B, T, D] -> [B, H, T, d_head] needs view(B, T, H, d_head).transpose(1, 2); view(B, H, T, d_head) mixes tokens "
-             "and channels.")),
+             gettext("the scale is 1/sqrt(d_head) = 1/{root:.3g} (one head's width), not 1/sqrt(D) = 1/{root_d:.3g}.").format(
+                 root=math.sqrt(dh), root_d=math.sqrt(d)), by_sqrt),
+            ((raw / math.sqrt(dh)).softmax(-2), Pitfall.ORIENTATION, gettext("softmax over the wrong axis"),
+             gettext("each column sums to one, not each row: the softmax ran over the queries."),
+             gettext("normalise over the keys, the last axis: softmax(dim=-1)")),
+            ((q.reshape(b, h, t, dh) @ k.reshape(b, h, t, dh).transpose(-2, -1) / math.sqrt(dh)).softmax(-1),
+             Pitfall.VIEW_AFTER_TRANSPOSE, gettext("heads split with the wrong reshape"),
+             gettext("view(B, H, T, d_head) of a [B, T, D] tensor mixes tokens and channels."),
+             gettext("split with view(B, T, H, d_head).transpose(1, 2)")),
         ]
-        for cand, pitfall, title, msg in variants:
+        for cand, pitfall, title, evidence, fix in variants:
             if torch.allclose(w, cand, atol=1e-5):
-                return [Finding(pitfall, gettext("per_head_weights: {title}").format(title=title), msg)]
-        return [Finding(Pitfall.GENERAL, gettext("per_head_weights gives wrong weights"),
-                        differs("per_head_weights(mha, x)", w, ref, gettext("MultiHeadAttention({d}, {h}) and x {x_shape}").format(d=d,
-                            h=h, x_shape=list(x.shape)))
-                        + gettext("; compare with mha(x, return_weights=True)[1] and print each intermediate shape."))]
+                return [found(pitfall, gettext("per_head_weights: {title}").format(title=title), evidence, fix=fix)]
+        return [found(Pitfall.GENERAL, gettext("per_head_weights gives wrong weights"),
+                      differs("per_head_weights(mha, x)", w, ref, gettext("MultiHeadAttention({d}, {h}) and x {x_shape}").format(
+                          d=d, h=h, x_shape=list(x.shape))) + ".",
+                      fix=gettext("compare with mha(x, return_weights=True)[1] and print each intermediate shape"))]
 
 
 # ---- the judges on fresh inputs (the self-check's copy of the grader's verdict) ------------------
@@ -322,6 +337,7 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     problems, then the grader's judges on fresh inputs for every task without one. Never raises."""
     by_task = {gid: check_parts(namespace, [part]) for gid, part in TASKS.items()}
     if "results" not in namespace:
-        by_task["ex03_results"] = [Finding(Pitfall.GENERAL, gettext("results is missing"), gettext("Run Task 3d's cell to fill results."))]
+        by_task["ex03_results"] = [Finding(Pitfall.GENERAL, gettext("results is missing"), gettext("the notebook holds no results."),
+                                           fix=gettext("run Task 3d's cell to fill results"))]
     findings = [f for fs in by_task.values() for f in fs]
     return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])

@@ -7,13 +7,14 @@ submodule names as :class:`tinytf.TransformerBlock`), ``train_curve(block_factor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import _
 from ..judges import judge
@@ -133,15 +134,15 @@ def _diagnose_block(name: str, cls: Any, norm: str) -> list[Finding]:
         with torch.no_grad():  # random LayerNorm affine parameters so that every parameter matters
             for p in ref.parameters():
                 p.add_(0.1 * torch.randn_like(p))
-    findings = [Finding(f.pitfall, f"{name}: {f.title}", f.message) for f in diagnose_block(lambda: cls(dim, heads, tokens))]
+    findings = [dataclasses.replace(f, title=f"{name}: {f.title}") for f in diagnose_block(lambda: cls(dim, heads, tokens))]
     mine, want = list(block.state_dict()), list(ref.state_dict())
     if mine != want:
         missing = [k for k in want if k not in mine]
         extra = [k for k in mine if k not in want]
-        findings.append(Finding(Pitfall.GENERAL, _("{name}: parameter names differ from tinytf.TransformerBlock").format(name=name),
-                                _("missing {value}, unexpected {value2}; use the submodules norm1, attn (tinytf.CausalSelfAttention), "
-                                  "norm2, ffn (Sequential(Linear, GELU, Linear)).").format(value=missing or 'none',
-                                      value2=extra or 'none')))
+        findings.append(found(Pitfall.GENERAL, _("{name}: parameter names differ from tinytf.TransformerBlock").format(name=name),
+                              _("missing {value}, unexpected {value2}.").format(value=missing or _("none"), value2=extra or _("none")),
+                              fix=_("keep the submodules norm1, attn (tinytf.CausalSelfAttention), norm2, "
+                                    "ffn (Sequential(Linear, GELU, Linear))")))
     if findings:
         return findings
     other = "post" if norm == "pre" else "pre"
@@ -157,15 +158,35 @@ def _diagnose_block(name: str, cls: Any, norm: str) -> list[Finding]:
         return [Finding(Pitfall.GENERAL, _("{name} raises when run").format(name=name), f"{type(err).__name__}: {err}")]
     if torch.allclose(y, want_y, atol=1e-5):
         return []
+    layout = ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))" if norm == "pre" else "x = norm1(x + attn(x)); x = norm2(x + ffn(x))")
     if torch.allclose(y, other_y, atol=1e-5):
-        return [Finding(Pitfall.GENERAL, _("{name} computes the {other}-norm layout").format(name=name, other=other),
-                        _("with tinytf's weights it matches TransformerBlock(norm='{other}'). {name} must compute ").format(other=other,
-                            name=name)
-                        + (_("x = x + attn(norm1(x)); x = x + ffn(norm2(x)).") if norm == "pre"
-                           else _("x = norm1(x + attn(x)); x = norm2(x + ffn(x)).")))]
-    return [Finding(Pitfall.GENERAL, _("{name} differs from tinytf.TransformerBlock(norm='{norm}')").format(name=name, norm=norm),
-                    differs(_("{name}(x) with that block's weights").format(name=name), y, want_y, f"x {list(x.shape)}")
-                    + _(". Compare the steps one by one (attn, ffn with GELU, the norms)."))]
+        return [found(Pitfall.GENERAL, _("{name} computes the {other}-norm layout").format(name=name, other=other),
+                      _("with tinytf's weights it matches TransformerBlock(norm='{other}').").format(other=other),
+                      fix=_("{name}.forward computes {layout}").format(name=name, layout=layout))]
+    named = _name_block_mistake(block, ref, x, y, name, layout)
+    if named:
+        return [named]
+    return [found(Pitfall.GENERAL, _("{name} differs from tinytf.TransformerBlock(norm='{norm}')").format(name=name, norm=norm),
+                  differs(_("{name}(x) with that block's weights").format(name=name), y, want_y, f"x {list(x.shape)}") + ".",
+                  fix=_("compare the steps one by one (attn, ffn with GELU, the norms) with tinytf.TransformerBlock"))]
+
+
+def _name_block_mistake(block: Any, ref: Any, x: torch.Tensor, y: torch.Tensor, name: str, layout: str) -> Finding | None:
+    """A block that runs with tinytf's weights but computes something else: the activation, or the norm on the branch."""
+    acts = sorted({type(m).__name__ for m in block.ffn.modules() if isinstance(m, (torch.nn.ReLU, torch.nn.SiLU, torch.nn.Tanh))})
+    if acts:
+        return found(Pitfall.GENERAL, _("{name}: the feed-forward net uses {act}, not GELU").format(name=name, act=acts[0]),
+                     _("{name}.ffn holds {act}; tinytf.TransformerBlock's ffn is Sequential(Linear, GELU, Linear), so the "
+                       "outputs differ with the same weights.").format(name=name, act=acts[0]),
+                     fix=_("build the ffn with nn.GELU() instead of nn.{act}()").format(act=acts[0]))
+    with torch.no_grad():
+        h = x + ref.norm1(ref.attn(x))
+        branch = h + ref.norm2(ref.ffn(h))
+    if torch.allclose(y, branch, atol=1e-5):
+        return found(Pitfall.GENERAL, _("{name} normalises the branch, not the residual sum").format(name=name),
+                     _("{name}(x) = x + norm1(attn(x)), then + norm2(ffn(·)): the norms sit on the branches.").format(name=name),
+                     fix=_("normalise the sum: {layout}").format(layout=layout))
+    return None
 
 
 def _diagnose_train(fn: Any) -> list[Finding]:
@@ -184,12 +205,12 @@ def _diagnose_train(fn: Any) -> list[Finding]:
     try:
         _curve(a, 2, "train_curve(...)")
     except AssertionError as err:
-        return [Finding(Pitfall.GENERAL, _("train_curve returns the wrong structure"),
-                        _("{err}; return {{'loss': [...], 'grad_norm': [...]}}.").format(err=err))]
+        return [found(Pitfall.GENERAL, _("train_curve returns the wrong structure"), _("{err}.").format(err=err),
+                      fix=_("return {'loss': [...], 'grad_norm': [...]}, one float per step"))]
     if not same_curve(a, b):
-        return [Finding(Pitfall.GENERAL, _("train_curve is not reproducible"),
-                        _("two runs with the same seed differ: call torch.manual_seed(seed) before building the model and draw "
-                        "the batches from torch.Generator().manual_seed(seed)."))]
+        return [found(Pitfall.GENERAL, _("train_curve is not reproducible"), _("two runs with the same seed differ."),
+                      fix=_("call torch.manual_seed(seed) before building the model, and draw the batches from "
+                            "torch.Generator().manual_seed(seed)"))]
     return []
 
 
@@ -256,7 +277,8 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
         by_task["ex04_post_block"] = check_parts(namespace, [("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post"))])
     by_task["ex04_train"] = check_parts(namespace, [("train_curve", _diagnose_train)])
     if "curves" not in namespace:
-        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, _("curves is missing"), _("Run Task 4d's cell to fill curves."))]
+        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, _("curves is missing"), _("the notebook holds no curves."),
+                                              fix=_("run Task 4d's cell to fill curves"))]
     findings = [f for fs in by_task.values() for f in fs]
     judged = judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
     if by_task["ex04_train"]:  # Task 4d's curves come from the student's train_curve: say so when they fail

@@ -13,7 +13,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
-from ...translation import _, gettext
+from ...translation import N_, _, gettext
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, stub_or, swapped
 from .validators import close, differs, float_inputs, has_keys, number, shape_of, shapes, tensor
@@ -61,8 +61,25 @@ def _judge_cross(value: Any, x: torch.Tensor, context: torch.Tensor, mask: torch
               reference="tinytf.MultiHeadAttention", given=shapes(x=x, context=context, mask=m, heads=int(heads)))
 
 
+PROBE_INPUTS = ("src", "tgt", "lengths")
+UNCHANGED_FIX = N_("clone the input before changing it")
+
+
+def changed_inputs(given: dict[str, torch.Tensor], after: dict[str, Any]) -> list[str]:
+    """The names of the probe's inputs (``src``, ``tgt``, ``lengths``) whose values after the calls differ from ``given``."""
+    return [name for name in PROBE_INPUTS if not (isinstance(after.get(name), torch.Tensor) and after[name].shape == given[name].shape
+                                                  and torch.equal(after[name].cpu(), given[name].cpu()))]
+
+
 @judge("ex05_encdec")
-def _judge_encdec(value: Any, src: torch.Tensor, tgt: torch.Tensor, lengths: torch.Tensor, dim: int, heads: int) -> None:
+def _judge_encdec(value: Any, src: torch.Tensor, tgt: torch.Tensor, lengths: torch.Tensor, dim: int, heads: int,
+                  after: dict[str, Any]) -> None:
+    """``src``, ``tgt``, ``lengths``: what the probe was given; ``after``: the same tensors after both calls."""
+    has_keys(after, PROBE_INPUTS, _("the record of the probe's inputs after the calls"))
+    changed = changed_inputs({"src": src, "tgt": tgt, "lengths": lengths}, after)
+    assert not changed, _("probe_encoder_decoder changed its input {names}: after the calls it no longer holds the values passed in, "
+                          "so the probe measures its own edit, not the model; {fix}").format(names=" and ".join(changed),
+                                                                                            fix=_(UNCHANGED_FIX))
     has_keys(value, ("good", "leaky"), _("the record of the probes of both models"))
     assert bool((lengths < src.size(1)).all()), _("every hidden sequence is padded")
     good, leaky = (has_keys(value[which], PROBE_KEYS, _("probe_encoder_decoder's result ({which} model)").format(which=which))
@@ -86,8 +103,9 @@ def _diagnose_cross(cls: Any) -> list[Finding]:
         return [problem]
     names = ("q_proj", "k_proj", "v_proj", "out_proj")
     if not all(isinstance(getattr(cross, n, None), torch.nn.Linear) for n in names):
-        return [Finding(Pitfall.GENERAL, _("CrossAttention lost its layers"), _("keep the given __init__: it defines {value_join}.").format(
-            value_join=', '.join(names)))]
+        return [found(Pitfall.GENERAL, _("CrossAttention lost its layers"),
+                      _("CrossAttention(12, 3) has no nn.Linear {names}.").format(names=", ".join(names)),
+                      fix=_("keep the given __init__: it defines {value_join}").format(value_join=", ".join(names)))]
     w = mha.qkv.weight.detach().chunk(3)
     bias = mha.qkv.bias.detach().chunk(3)
     with torch.no_grad():
@@ -103,26 +121,29 @@ def _diagnose_cross(cls: Any) -> list[Finding]:
             return [_explain_crash(cross, x, problem)]
         expected = mha(x, context=ctx)
         if not isinstance(out, torch.Tensor) or out.shape != expected.shape:
-            return [Finding(Pitfall.ORIENTATION, _("CrossAttention returns the wrong shape"),
-                            _("expected [B, Tq, D] = {expected_shape}, got {out}.").format(expected_shape=list(expected.shape),
-                                out=shape_of(out)))]
+            return [found(Pitfall.ORIENTATION, _("CrossAttention returns the wrong shape"),
+                          _("for x [2, 3, 12] and context [2, 5, 12] expected [B, Tq, D] = {expected_shape}, got {out}.").format(
+                              expected_shape=list(expected.shape), out=shape_of(out)),
+                          fix=_("merge the heads with out.transpose(1, 2).reshape(B, Tq, D), then out_proj"))]
         if not torch.allclose(out, expected, atol=1e-4):
             return [_explain_difference(cross, x, ctx, out, expected)]
         masked, problem = call_student(_("CrossAttention.forward with a padding mask"), cross, x, ctx, pad)
         if problem:
             return [problem]
         if not torch.allclose(masked, mha(x, context=ctx, mask=pad), atol=1e-4):
-            return [Finding(Pitfall.MASK, _("CrossAttention ignores or misuses the mask"), _("pass mask on to attention(q, k, v, mask)."))]
+            return [found(Pitfall.MASK, _("CrossAttention ignores or misuses the mask"),
+                          _("with a padding mask [2, 1, 1, 5] it differs from tinytf.MultiHeadAttention(x, context, mask)."),
+                          fix=_("pass mask on, unchanged, to attention(q, k, v, mask)"))]
     return []
 
 
 def _explain_difference(cross: Any, x: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor, expected: torch.Tensor) -> Finding:
     """Name what differs when CrossAttention runs but disagrees with tinytf.MultiHeadAttention."""
-    return Finding(Pitfall.GENERAL, _("CrossAttention differs from the reference"),
-                   differs(_("CrossAttention(x, context) with the weights of tinytf.MultiHeadAttention"), out, expected,
-                           shapes(x=x, context=ctx))
-                   + _(". Check: q from x, k and v from context; split heads with view(B, T, H, d).transpose(1, 2); "
-                   "merge with transpose(1, 2).reshape(B, Tq, D); then out_proj."))
+    return found(Pitfall.GENERAL, _("CrossAttention differs from the reference"),
+                 differs(_("CrossAttention(x, context) with the weights of tinytf.MultiHeadAttention"), out, expected,
+                         shapes(x=x, context=ctx)) + ".",
+                 fix=_("q from x, k and v from context; split heads with view(B, T, H, d).transpose(1, 2); "
+                       "merge with transpose(1, 2).reshape(B, Tq, D); then out_proj"))
 
 
 def _explain_crash(cross: Any, x: torch.Tensor, problem: Finding) -> Finding:
@@ -132,17 +153,18 @@ def _explain_crash(cross: Any, x: torch.Tensor, problem: Finding) -> Finding:
                      gettext("forward(x [2, 3, 12], context [2, 5, 12]) raised: {problem_message}").format(problem_message=problem.message))
     _, same_length = call_student("CrossAttention.forward", cross, x, x)
     if same_length is None:  # works when Tq == Tk: the lengths are mixed up
-        return Finding(Pitfall.ORIENTATION, gettext("CrossAttention mixes up Tq and Tk"),
-                       gettext("forward works when context has as many tokens as x, but with x [2, 3, 12] and context [2, 5, 12] it "
-                               "raised {problem_message}. Split q with Tq = x.size(1) and k, v with Tk = context.size(1).").format(
-                                   problem_message=problem.message))
+        return found(Pitfall.ORIENTATION, gettext("CrossAttention mixes up Tq and Tk"),
+                     gettext("forward works when context has as many tokens as x, but with x [2, 3, 12] and context [2, 5, 12] it "
+                             "raised {problem_message}.").format(problem_message=problem.message),
+                     fix=gettext("split q with Tq = x.size(1) and k, v with Tk = context.size(1)"))
     return problem
 
 
 def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     model_cls = namespace.get("TinyEncoderDecoder")
     if model_cls is None:
-        return [Finding(Pitfall.GENERAL, _("TinyEncoderDecoder is missing"), _("keep the given model cell (run it before the probe)."))]
+        return [found(Pitfall.GENERAL, _("TinyEncoderDecoder is missing"), _("the probe needs the model the notebook defines."),
+                      fix=_("keep the given model cell and run it before the probe"))]
     torch.manual_seed(7)
     good = model_cls(12, 3).eval()
     leaky = model_cls(12, 3, leaky=True).eval()
@@ -153,7 +175,7 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     p_good, problem = call_student("probe_encoder_decoder", fn, good, src, tgt, lengths)
     if problem:
         return [problem]
-    changed = [name for name, t in zip(given, (src, tgt, lengths)) if not torch.equal(t, given[name])]
+    changed = changed_inputs(given, {"src": src, "tgt": tgt, "lengths": lengths})
     if changed:  # the model is correct: whatever the probe then reports comes from its own edit, not from a leak
         return [found(Pitfall.GENERAL, _("probe_encoder_decoder changes its input {value_join}").format(value_join=' and '.join(changed)),
                       _("after the call {value_join} no longer hold{value} the values passed in: the probe writes into the caller's "
@@ -161,8 +183,9 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
                         "the model.").format(value_join=', '.join(changed), value='s' if len(changed) == 1 else ''),
                       fix=_("clone the input before changing it: src2 = src.clone(), then edit src2"))]
     if not isinstance(p_good, dict) or not set(PROBE_KEYS) <= set(p_good):
-        return [Finding(Pitfall.GENERAL, _("probe_encoder_decoder returns the wrong thing"),
-                        _("return {'encoder_effect': float, 'padding_leak': float}."))]
+        return [found(Pitfall.GENERAL, _("probe_encoder_decoder returns the wrong thing"),
+                      _("it returned {type}.").format(type=type(p_good).__name__),
+                      fix=_("return {'encoder_effect': float, 'padding_leak': float}"))]
     p_leaky, problem = call_student("probe_encoder_decoder", fn, leaky, src, tgt, lengths)
     if problem:
         return [problem]
@@ -170,19 +193,24 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     try:
         effect, leak_good, leak_bad = float(p_good["encoder_effect"]), float(p_good["padding_leak"]), float(p_leaky["padding_leak"])
     except (TypeError, ValueError, KeyError):
-        return [Finding(Pitfall.GENERAL, _("probe_encoder_decoder returns non-numbers"),
-                        _("both entries must be floats (use float(...))."))]
+        return [found(Pitfall.GENERAL, _("probe_encoder_decoder returns non-numbers"), _("both entries must be numbers."),
+                      fix=_("convert each with float(...)"))]
     if not effect > 1e-4:
-        findings.append(Finding(Pitfall.GENERAL, _("the probe sees no encoder effect"),
-                                _("replace the REAL encoder positions (t < lengths[b]) of src by new random values and compare the "
-                                  "outputs.")))
+        findings.append(found(Pitfall.GENERAL, _("the probe sees no encoder effect"),
+                              _("encoder_effect = {effect:.3g} on a correct model, which reads its encoder.").format(effect=effect),
+                              fix=_("replace the REAL encoder positions (t < lengths[b]) of a clone of src by new random values and "
+                                    "compare the outputs")))
     if not leak_good < 1e-5:
-        findings.append(Finding(Pitfall.MASK, _("the probe reports a leak on a correct model"),
-                                _("change only the PADDED positions (t >= lengths[b]); keep the real ones exactly as they are.")))
+        findings.append(found(Pitfall.GENERAL, _("the probe reports a leak on a correct model"),
+                              _("padding_leak = {leak:.3g} on a model that masks its padding: the probe changes more than the "
+                                "padding.").format(leak=leak_good),
+                              fix=_("change only the PADDED positions (t >= lengths[b]) of a clone of src; keep the real ones "
+                                    "exactly as they are")))
     if not leak_bad > 1e-4:
-        findings.append(Finding(Pitfall.MASK, _("the probe misses a model that ignores padding"),
-                                _("padding_leak must measure the change when only padded encoder positions change: max |out - "
-                                  "out_changed|.")))
+        findings.append(found(Pitfall.GENERAL, _("the probe misses a model that ignores padding"),
+                              _("padding_leak = {leak:.3g} on the leaky model, whose output does change with the padding.").format(
+                                  leak=leak_bad),
+                              fix=_("padding_leak = max |out - out_changed| when only the padded encoder positions change")))
     return findings
 
 
@@ -238,8 +266,10 @@ def _probe_encdec(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[s
     leaky.load_state_dict(good.state_dict())
     src, tgt = torch.randn(b, tk, dim, generator=gen), torch.randn(b, tq, dim, generator=gen)
     fn = ns["probe_encoder_decoder"]
-    value = {"good": fn(good, src, tgt, lengths), "leaky": fn(leaky, src, tgt, lengths)}
-    return value, {"src": src, "tgt": tgt, "lengths": lengths, "dim": dim, "heads": heads}
+    after = {"src": src.clone(), "tgt": tgt.clone(), "lengths": lengths.clone()}  # what the probe gets (and may change)
+    given = (after["src"], after["tgt"], after["lengths"])
+    value = {"good": fn(good, *given), "leaky": fn(leaky, *given)}
+    return value, {"src": src, "tgt": tgt, "lengths": lengths, "dim": dim, "heads": heads, "after": after}
 
 
 PROBES: dict[str, Probe] = {"ex05_attention": _probe_attention, "ex05_cross": _probe_cross, "ex05_encdec": _probe_encdec}

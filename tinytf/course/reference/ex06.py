@@ -15,13 +15,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import _
 from ..judges import judge
 from . import Probe, call_student, judge_findings, swapped
 from .ex05 import named_findings
-from .validators import has_keys, positive
+from .validators import has_keys, how_off, positive
 
 __all__ = ["reference_saved_bytes", "saved_bytes", "diagnose", "PROBES"]
 
@@ -99,7 +99,14 @@ def _judge_saved(value: Any, batch: int, heads: int, tokens: int, head_dim: int)
         got = value[key]
         assert isinstance(got, int) and not isinstance(got, bool), _("saved_tensor_bytes must return an int ({key}: {type})").format(
             key=key, type=type(got).__name__)
-        assert got in reference_saved_bytes(fn, *args), _("saved_tensor_bytes counts the wrong number of bytes ({key})").format(key=key)
+        right = reference_saved_bytes(fn, *args)
+        assert got in right, (_("saved_tensor_bytes counts the wrong number of bytes ({key}): {got}, should be {right}").format(
+            key=key, got=got, right=right[0]) + how_off(got, right[0], suspects=_saved_suspects()))
+
+
+def _saved_suspects() -> dict[str, float]:
+    """The ratios a byte count off by a known mistake has to the right one, named in the student's language."""
+    return {_("elements are counted, not bytes (t.numel() without t.element_size() = 4 for float32)"): 0.25}
 
 
 @judge("ex06_bench")
@@ -121,8 +128,9 @@ def _judge_bench(value: Any, ts: list[int], heads: int, head_dim: int) -> None:
     for t in ts:
         for name in ("explicit", "sdpa"):
             expected = reference_saved_bytes(paths[name], *_qkv(1, int(heads), t, int(head_dim)), True)
-            assert int(fresh[name][t]["saved_bytes"]) in expected, _("fresh benchmark: {name} T={t} saved_bytes differs from the "
-                                                                     "reference").format(name=name, t=t)
+            got = int(fresh[name][t]["saved_bytes"])
+            assert got in expected, (_("fresh benchmark: {name} T={t} saved_bytes = {got} differs from the reference {want}").format(
+                name=name, t=t, got=got, want=expected[0]) + how_off(got, expected[0], suspects=_saved_suspects()))
     assert all(g > 2.5 for g in _growth(fresh["explicit"], "saved_bytes")), _("explicit saved bytes must grow ~4x per doubling of T")
 
 
@@ -135,23 +143,27 @@ def _diagnose_saved(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(n, int) or isinstance(n, bool):
-        return [Finding(Pitfall.GENERAL, _("saved_tensor_bytes must return an int"),
-                        _("got {type}; add t.numel() * t.element_size().").format(type=type(n).__name__))]
+        return [found(Pitfall.GENERAL, _("saved_tensor_bytes must return an int"), _("got {type}.").format(type=type(n).__name__),
+                      fix=_("add up the int t.numel() * t.element_size() of each saved tensor"))]
     if n == 15:
-        return [Finding(Pitfall.GENERAL, _("saved_tensor_bytes counts elements, not bytes"),
-                        _("multiply t.numel() by t.element_size() (4 for float32)."))]
+        return [found(Pitfall.GENERAL, _("saved_tensor_bytes counts elements, not bytes"),
+                      _("x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how}.").format(n=n, how=how_off(n, 60)),
+                      fix=_("multiply t.numel() by t.element_size() (4 for float32)"))]
     if n != 60:
-        return [Finding(Pitfall.GENERAL, _("saved_tensor_bytes counts the wrong bytes"),
-                        _("x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}. Add t.numel() * "
-                          "t.element_size() in the pack hook and return the tensor unchanged.").format(n=n))]
+        return [found(Pitfall.GENERAL, _("saved_tensor_bytes counts the wrong bytes"),
+                      _("x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how}.").format(n=n, how=how_off(n, 60)),
+                      fix=_("add t.numel() * t.element_size() in the pack hook and return the tensor unchanged"))]
     q, k, v = _qkv(1, 2, 32, 8)
     explicit = _paths()["explicit"]
     n, problem = call_student("saved_tensor_bytes", fn, explicit, q, k, v, True)
     if problem:
         return [problem]
     if n not in reference_saved_bytes(explicit, q, k, v, True):
-        return [Finding(Pitfall.GENERAL, _("saved_tensor_bytes is wrong on attention"),
-                        _("count every tensor the pack hook receives while fn(*args) runs (pass *args through to fn)."))]
+        right = reference_saved_bytes(explicit, q, k, v, True)[0]
+        return [found(Pitfall.GENERAL, _("saved_tensor_bytes is wrong on attention"),
+                      _("the explicit causal path on q, k, v [1, 2, 32, 8] saves {right} bytes; you counted {n}{how}.").format(
+                          right=right, n=n, how=how_off(n, right)),
+                      fix=_("count every tensor the pack hook receives while fn(*args) runs (pass *args through to fn)"))]
     return []
 
 
@@ -164,13 +176,18 @@ def _diagnose_bench(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     try:
         rows = _rows(res, [32, 64], _("benchmark_attention((32, 64))"))
     except AssertionError as err:
-        return [Finding(Pitfall.GENERAL, _("benchmark_attention returns the wrong structure"), str(err))]
+        return [found(Pitfall.GENERAL, _("benchmark_attention returns the wrong structure"), _("{err}.").format(err=err),
+                      fix=_("return {'conditions': {...}, 'explicit': {T: row}, 'sdpa': {T: row}} with the row keys "
+                            "saved_bytes, peak_bytes, ms, tokens_per_s"))]
     if not isinstance(res.get("conditions"), dict) or not all(key in res["conditions"] for key in CONDITION_KEYS):
-        return [Finding(Pitfall.COLD_TIMING, _("benchmark_attention does not record its conditions"),
-                        _("a number without its conditions cannot be compared: record {value_join}.").format(
-                            value_join=', '.join(CONDITION_KEYS)))]
+        return [found(Pitfall.COLD_TIMING, _("benchmark_attention does not record its conditions"),
+                      _("a number without its conditions cannot be compared."),
+                      fix=_("return them under 'conditions': {value_join}").format(value_join=", ".join(CONDITION_KEYS)))]
     if rows["explicit"][64]["saved_bytes"] <= rows["explicit"][32]["saved_bytes"]:
-        return [Finding(Pitfall.GENERAL, _("saved bytes do not grow with T"), _("measure each T on its own q, k, v of length T."))]
+        return [found(Pitfall.GENERAL, _("saved bytes do not grow with T"),
+                      _("explicit saved {small} bytes at T=32 and {large} at T=64.").format(
+                          small=rows['explicit'][32]['saved_bytes'], large=rows['explicit'][64]['saved_bytes']),
+                      fix=_("measure each T on its own q, k, v of length T"))]
     return _causal_findings(rows, res["conditions"])
 
 
@@ -183,10 +200,12 @@ def _causal_findings(rows: dict[str, dict[int, dict[str, float]]], conditions: d
         if got in causal:
             continue
         what = _("without the causal mask") if got in plain and not set(plain) & set(causal) else _("on something else")
-        findings.append(Finding(Pitfall.MASK, _("benchmark_attention measures {name} {what}").format(name=name, what=what),
-                                _("benchmark_attention((32, 64), causal=True) records mask={conditions_get!r}, but {name} at T=64 saved "
-                                  "{got:,d} bytes; with is_causal=True it saves {causal:,d}. Pass causal on: fn(q, k, v, causal) for "
-                                  "both paths.").format(conditions_get=conditions.get('mask'), name=name, got=got, causal=causal[0])))
+        findings.append(found(Pitfall.MASK, _("benchmark_attention measures {name} {what}").format(name=name, what=what),
+                              _("benchmark_attention((32, 64), causal=True) records mask={conditions_get!r}, but {name} at T=64 saved "
+                                "{got:,d} bytes{how}; with is_causal=True it saves {causal:,d}.").format(
+                                  conditions_get=conditions.get('mask'), name=name, got=got, how=how_off(got, causal[0]),
+                                  causal=causal[0]),
+                              fix=_("pass causal on to both paths: fn(q, k, v, causal)")))
     return findings
 
 

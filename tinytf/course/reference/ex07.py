@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import N_, _, gettext
 from ..judges import judge
 from . import call_student, judge_findings
 from .ex05 import named_findings
 from .ex07_probes import PROBES
-from .validators import close, has_keys, shape_of, shapes, should_be, tensor
+from .validators import close, has_keys, how_off, shape_of, shapes, should_be, tensor
 
 __all__ = ["reference_two_step", "diagnose", "PROBES"]
 
@@ -65,7 +65,11 @@ def _judge_cache(value: Any, layers: int, writes: list[dict[str, Any]]) -> None:
             assert torch.equal(t, ref), (_("update #{n}: the returned {key} is not the old entries followed by the new ones "
                                            "(dim=2)").format(n=i + 1, key=key))
     lengths = [0 if k is None else k.size(2) for k in k_ref]
-    assert list(value["lengths"]) == lengths, _("lengths should be {lengths}, got {value}").format(lengths=lengths, value=value['lengths'])
+    got = list(value["lengths"])
+    wrong = next(((i, g, w) for i, (g, w) in enumerate(zip(got, lengths)) if g != w), None)
+    off = how_off(wrong[1], wrong[2], step=(_("token"), 1)) if wrong else ""
+    how = _(" (layer {layer}{off})").format(layer=wrong[0], off=off) if off else ""
+    assert got == lengths, _("lengths should be {lengths}, got {value}").format(lengths=lengths, value=value['lengths']) + how
 
 
 @judge("ex07_step")
@@ -114,28 +118,31 @@ def _diagnose_cache(cls: Any) -> list[Finding]:
     second, problem = call_student("SimpleKVCache.update", cache.update, 0, k1, v1)
     if problem:
         if "Sizes of tensors must match" in problem.message:  # torch.cat along the wrong axis
-            return [Finding(Pitfall.ORIENTATION, _("update concatenates along the wrong axis"),
-                            _("appending 1 token to 3 failed ({problem}). k, v are [B, H, T, d_head]: append along time, "
-                              "dim=2.").format(problem=problem.message))]
+            return [found(Pitfall.ORIENTATION, _("update concatenates along the wrong axis"),
+                          _("appending 1 token to 3 failed ({problem}).").format(problem=problem.message),
+                          fix=_("append along time: torch.cat([k[layer], k_new], dim=2) (k, v are [B, H, T, d_head])"))]
         return [problem]
     if not (isinstance(second, tuple) and len(second) == 2 and all(isinstance(t, torch.Tensor) for t in second)):
-        return [Finding(Pitfall.GENERAL, _("update must return (k, v)"), _("return the two tensors of everything cached for that layer."))]
+        return [found(Pitfall.GENERAL, _("update must return (k, v)"), _("it returned {type}.").format(type=type(second).__name__),
+                      fix=_("return the two tensors of everything cached for that layer: return k[layer], v[layer]"))]
     k_all = second[0]
     if tuple(k_all.shape) == (1, 2, 1, 4):
-        return [Finding(Pitfall.KV_CACHE, _("update returns only the new entries"),
-                        _("a decode step must attend over ALL cached keys: concatenate the old and new entries and return them."))]
+        return [found(Pitfall.KV_CACHE, _("update returns only the new entries"),
+                      _("after 3 + 1 tokens it returned [1, 2, 1, 4]: a decode step must attend over ALL cached keys."),
+                      fix=_("concatenate the old and new entries, store them and return them: torch.cat([k[layer], k_new], dim=2)"))]
     if tuple(k_all.shape) != (1, 2, 4, 4):
-        return [Finding(Pitfall.ORIENTATION, _("update concatenates along the wrong axis"),
-                        _("k, v are [B, H, T, d_head]: append along time (dim=2); after 3 + 1 tokens expected [1, 2, 4, 4], got "
-                          "{k_all_shape}.").format(k_all_shape=list(k_all.shape)))]
+        return [found(Pitfall.ORIENTATION, _("update concatenates along the wrong axis"),
+                      _("after 3 + 1 tokens expected [1, 2, 4, 4], got {k_all_shape}.").format(k_all_shape=list(k_all.shape)),
+                      fix=_("append along time: torch.cat([k[layer], k_new], dim=2) (k, v are [B, H, T, d_head])"))]
     for name, got, old, new in (("k", k_all, k0, k1), ("v", second[1], v0, v1)):
         wrong = _wrong_entries(name, got, old, new)
         if wrong:
             return [wrong]
     lengths = cache.lengths
     if list(lengths) != [4, 0]:
-        return [Finding(Pitfall.GENERAL, _("the cache's lengths are wrong"),
-                        _("after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.").format(lengths=lengths))]
+        return [found(Pitfall.GENERAL, _("the cache's lengths are wrong"),
+                      _("after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.").format(lengths=lengths),
+                      fix=_("lengths[layer] = k[layer].size(2), 0 for a layer with nothing cached"))]
     return []
 
 
@@ -145,17 +152,19 @@ def _wrong_entries(name: str, got: Any, old: torch.Tensor, new: torch.Tensor) ->
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, expected):
         return None
     if isinstance(got, torch.Tensor) and got.shape == new.shape and torch.equal(got, new):
-        return Finding(Pitfall.KV_CACHE, _("update overwrites {name} instead of appending").format(name=name),
-                       _("after 3 + 1 tokens the returned {name} should be [1, 2, 4, 4] (old entries, then the new one), got only the "
-                         "new entry {got_shape}: {name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2).").format(name=name,
-                             got_shape=list(got.shape)))
+        return found(Pitfall.KV_CACHE, _("update overwrites {name} instead of appending").format(name=name),
+                     _("after 3 + 1 tokens the returned {name} should be [1, 2, 4, 4] (old entries, then the new one), got only the "
+                       "new entry {got_shape}.").format(name=name, got_shape=list(got.shape)),
+                     fix=f"{name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2)")  # code: the same in every language
+    cat = f"torch.cat([{name}[layer], {name}_new], dim=2)"
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, torch.cat([new, old], dim=2)):
-        return Finding(Pitfall.KV_CACHE, _("update puts the new {name} before the old ones").format(name=name),
-                       _("time runs along dim=2: torch.cat([{name}[layer], {name}_new], dim=2), old entries first.").format(name=name))
-    return Finding(Pitfall.KV_CACHE, _("update returns the wrong {name}").format(name=name),
-                   _("after 3 + 1 tokens {name} should be [1, 2, 4, 4] = torch.cat([old, new], dim=2) of the {name} tensors passed in "
-                     "(first entries {expected_flatten_tolist}), got {got}.").format(name=name,
-                         expected_flatten_tolist=expected.flatten()[:3].tolist(), got=shape_of(got)))
+        return found(Pitfall.KV_CACHE, _("update puts the new {name} before the old ones").format(name=name),
+                     _("time runs along dim=2, old entries first."), fix=_("{cat}: old entries first").format(cat=cat))
+    return found(Pitfall.KV_CACHE, _("update returns the wrong {name}").format(name=name),
+                 _("after 3 + 1 tokens {name} should be [1, 2, 4, 4] = torch.cat([old, new], dim=2) of the {name} tensors passed in "
+                   "(first entries {expected_flatten_tolist}), got {got}.").format(name=name,
+                       expected_flatten_tolist=expected.flatten()[:3].tolist(), got=shape_of(got)),
+                 fix=_("store and return {cat}, the tensors passed in, unchanged").format(cat=cat))
 
 
 # a cached step's own fix: the catalog's square ones(T, T).tril() is exactly the mask that is wrong here
@@ -212,8 +221,9 @@ def _diagnose_step(fn: Any) -> list[Finding]:
         if problem:
             return [problem]
         if not isinstance(pre, torch.Tensor) or pre.shape != (2, 4, 12):
-            return [Finding(Pitfall.ORIENTATION, _("attention_step returns the wrong shape"),
-                            _("a prefill of 4 tokens should give [2, 4, 12], got {pre}.").format(pre=shape_of(pre)))]
+            return [found(Pitfall.ORIENTATION, _("attention_step returns the wrong shape"),
+                          _("a prefill of 4 tokens should give [2, 4, 12], got {pre}.").format(pre=shape_of(pre)),
+                          fix=_("merge the heads with out.transpose(1, 2).reshape(B, t, D), then attn.proj"))]
         steps = []
         for i in (4, 5):
             out, problem = call_student(_("attention_step (decode)"), fn, attn, x[:, i : i + 1], cache)
@@ -230,10 +240,11 @@ def _diagnose_step(fn: Any) -> list[Finding]:
         return [named]
     where = _("the prefill (positions 0..3)") if not pre_ok else _("the decode step at position {position}").format(
         position=4 if not torch.allclose(steps[0], full[:, 4:5], atol=1e-4) else 5)
-    return [Finding(Pitfall.GENERAL, _("attention_step differs from the full pass"),
-                    _("with a CausalSelfAttention(12, 3), x [2, 6, 12], a prefill of 4 tokens and two decode steps, {where} differs from "
-                      "attn(x). Project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by 1/sqrt(head_dim), "
-                      "mask with tinytf.causal_mask(t, past + t), softmax over the keys, merge heads, attn.proj.").format(where=where))]
+    return [found(Pitfall.GENERAL, _("attention_step differs from the full pass"),
+                  _("with a CausalSelfAttention(12, 3), x [2, 6, 12], a prefill of 4 tokens and two decode steps, {where} differs from "
+                    "attn(x).").format(where=where),
+                  fix=_("project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by 1/sqrt(head_dim), mask with "
+                        "tinytf.causal_mask(t, past + t), softmax over the keys, merge heads, attn.proj"))]
 
 
 def _diagnose_chunk(fn: Any, attn: torch.nn.Module, x: torch.Tensor, full: torch.Tensor) -> list[Finding]:
@@ -274,8 +285,9 @@ def _diagnose_recompute(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not _same_steps(res, ids, logits):
-        return [Finding(Pitfall.GENERAL, _("generate_two_step_recompute is wrong"),
-                        _("run the model on the whole prefix, take logits[:, -1], argmax, append; twice."))]
+        return [found(Pitfall.GENERAL, _("generate_two_step_recompute is wrong"),
+                      _("its tokens or logits differ from two greedy steps that recompute the whole prefix."),
+                      fix=_("run the model on the whole prefix, take logits[:, -1], argmax, append; twice"))]
     return []
 
 
@@ -288,12 +300,15 @@ def _diagnose_cached(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if cache.seen > prompt.size(1) + 1:
-        return [Finding(Pitfall.KV_CACHE, _("step 2 feeds more than the new token"),
-                        _("after the loop the cache holds {cache_seen} tokens, expected {value}: with a cache, step 2 runs the model on "
-                          "the ONE token chosen in step 1.").format(cache_seen=cache.seen, value=prompt.size(1) + 1))]
+        return [found(Pitfall.KV_CACHE, _("step 2 feeds more than the new token"),
+                      _("after the loop the cache holds {cache_seen} tokens, expected {value}{how}.").format(
+                          cache_seen=cache.seen, value=prompt.size(1) + 1,
+                          how=how_off(cache.seen, prompt.size(1) + 1, step=(_("token"), 1))),
+                      fix=_("with a cache, step 2 runs the model on the ONE token chosen in step 1: model(token[:, None], cache=cache)"))]
     if not _same_steps(res, ids, logits):
-        return [Finding(Pitfall.GENERAL, _("generate_two_step differs from recomputing the prefix"),
-                        _("prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache)."))]
+        return [found(Pitfall.GENERAL, _("generate_two_step differs from recomputing the prefix"),
+                      _("its tokens or logits differ from two greedy steps that recompute the whole prefix."),
+                      fix=_("prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache)"))]
     return []
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import _, gettext
 from ..judges import judge
@@ -169,22 +169,27 @@ def _diagnose_vocab(ns: dict[str, Any]) -> list[Finding]:
     if problem:
         return [problem]
     if not (isinstance(res, tuple) and len(res) == 2):
-        return [Finding(Pitfall.GENERAL, _("build_vocab must return (stoi, itos)"), _("a dict char -> id and the list of characters."))]
+        return [found(Pitfall.GENERAL, _("build_vocab must return (stoi, itos)"), _("it returned {type}.").format(type=type(res).__name__),
+                      fix=_("return a dict char -> id and the list of characters: return stoi, itos"))]
     stoi, itos = res
     if list(itos) != sorted(set(text)):
-        return [Finding(Pitfall.GENERAL, _("itos is not the sorted distinct characters"),
-                        _("use sorted(set(text)): the ids must not depend on the order of the text."))]
+        return [found(Pitfall.GENERAL, _("itos is not the sorted distinct characters"),
+                      _("for {text!r} itos is {itos!r}: the ids must not depend on the order of the text.").format(text=text,
+                                                                                                                  itos=list(itos)),
+                      fix="itos = sorted(set(text))")]  # code: the same in every language
     ids, problem = call_student("encode", ns["encode"], text, stoi)
     if problem:
         return [problem]
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.tolist() != [itos.index(c) for c in text]:
-        return [Finding(Pitfall.GENERAL, _("encode gives the wrong ids"), _("return torch.tensor([stoi[ch] for ch in text], "
-                                                                            "dtype=torch.long)."))]
+        return [found(Pitfall.GENERAL, _("encode gives the wrong ids"), _("encode({text!r}) gave {ids!r}.").format(text=text, ids=ids),
+                      fix="return torch.tensor([stoi[ch] for ch in text], dtype=torch.long)")]
     back, problem = call_student("decode", ns["decode"], ids, itos)
     if problem:
         return [problem]
     if back != text:
-        return [Finding(Pitfall.GENERAL, _("decode does not invert encode"), _("join itos[int(i)] for every id."))]
+        return [found(Pitfall.GENERAL, _("decode does not invert encode"),
+                      _("decode(encode({text!r})) gave {back!r}.").format(text=text, back=back),
+                      fix="return ''.join(itos[int(i)] for i in ids)")]
     return []
 
 
@@ -194,11 +199,13 @@ def _diagnose_batch(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != (40, 6):
-        return [Finding(Pitfall.GENERAL, _("get_batch returns the wrong shape"), _("expected [batch, block] = [40, 6], got {x}.").format(
-            x=shape_of(x)))]
+        return [found(Pitfall.GENERAL, _("get_batch returns the wrong shape"), _("expected [batch, block] = [40, 6], got {x}.").format(
+            x=shape_of(x)),
+                      fix=_("stack batch rows of block tokens each: torch.stack([data[s : s + block] for s in starts])"))]
     if not all(torch.equal(r, torch.arange(int(r[0]), int(r[0]) + 6)) for r in x):
-        return [Finding(Pitfall.GENERAL, _("get_batch rows are not consecutive tokens"),
-                        _("row i is data[s : s + block] for a random offset s."))]
+        return [found(Pitfall.GENERAL, _("get_batch rows are not consecutive tokens"),
+                      _("on data = arange(50) a row is not a run of consecutive numbers."),
+                      fix=_("row i is data[s : s + block] for a random offset s"))]
     return []
 
 
@@ -215,18 +222,24 @@ def _diagnose_lr(fn: Any) -> list[Finding]:
         if all(abs(float(a) - b) < 1e-9 for a, b in zip(got, ref)):
             return []
         if abs(float(got[0])) < 1e-12:
-            return [Finding(Pitfall.GENERAL, _("the warm-up starts at zero"),
-                            _("step 0 already trains: use max_lr * (step + 1) / warmup."))]
+            return [found(Pitfall.GENERAL, _("the warm-up starts at zero"), _("cosine_lr(0) = 0, but step 0 already trains."),
+                          fix=_("use max_lr * (step + 1) / warmup during the warm-up"))]
         if abs(float(got[-1]) - sched["min_lr"]) > 1e-9:
             return [
-                Finding(Pitfall.GENERAL, _("the schedule does not end at min_lr"),
-                        _("after total steps return min_lr; the cosine goes from max_lr to min_lr."))
+                found(Pitfall.GENERAL, _("the schedule does not end at min_lr"),
+                      _("cosine_lr(23) with total=20 gave {got!r}, should be min_lr = {min_lr}.").format(got=got[-1],
+                                                                                                          min_lr=sched['min_lr']),
+                      fix=_("after total steps return min_lr; the cosine goes from max_lr to min_lr"))
             ]
     except (TypeError, ValueError):
-        return [Finding(Pitfall.GENERAL, _("cosine_lr must return a float"), _("return a number, not a tensor or a list."))]
+        return [found(Pitfall.GENERAL, _("cosine_lr must return a float"), _("it returned {type}.").format(type=type(got[0]).__name__),
+                      fix=_("return a number (float), not a tensor or a list"))]
     return [
-        Finding(Pitfall.GENERAL, _("cosine_lr is off the schedule"),
-                _("check the warm-up, p = (step - warmup) / (total - warmup) and the cosine formula."))
+        found(Pitfall.GENERAL, _("cosine_lr is off the schedule"),
+              _("max_lr=1, min_lr=0.1, warmup=4, total=20: step {step}.").format(
+                  step=next(_("{s} gave {a!r}, should be {b!r}").format(s=s, a=float(a), b=b)
+                            for s, (a, b) in enumerate(zip(got, ref)) if not abs(float(a) - b) < 1e-9)),
+              fix=_("min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * p)) with p = (step - warmup) / (total - warmup)"))
     ]
 
 
@@ -235,7 +248,6 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
     from pathlib import Path
 
     from tinytf import TinyLanguageModel
-    from tinytf.checks import Finding
 
     torch.manual_seed(21)
     model = TinyLanguageModel(vocab=13, dim=8, heads=2, layers=1, max_tokens=8).eval()
@@ -250,37 +262,39 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
             raw = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any failure to read the file is the finding
             return [
-                Finding(
-                    Pitfall.GENERAL,
-                    gettext("the checkpoint cannot be read with torch.load(weights_only=True)"),
-                    gettext("store plain data only, e.g. with tinytf.save_checkpoint ({type}).").format(type=type(err).__name__),
-                )
+                found(Pitfall.GENERAL, gettext("the checkpoint cannot be read with torch.load(weights_only=True)"),
+                      gettext("torch.load raised {type}.").format(type=type(err).__name__),
+                      fix=gettext("store plain data only (state dicts, numbers), e.g. with tinytf.save_checkpoint"))
             ]
         res, problem = call_student("load_checkpoint", ns["load_checkpoint"], path, "cpu")
         if problem:
             return [problem]
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.nn.Module)):
-        return [Finding(Pitfall.GENERAL, gettext("load_checkpoint must return (model, checkpoint)"),
-                        gettext("the restored TinyLanguageModel and the tinytf.Checkpoint."))]
+        return [found(Pitfall.GENERAL, gettext("load_checkpoint must return (model, checkpoint)"),
+                      gettext("it returned {type}.").format(type=type(res).__name__),
+                      fix=gettext("return the restored TinyLanguageModel and the tinytf.Checkpoint"))]
     restored = res[0]
     findings = []
     if restored.training:
-        findings.append(Finding(Pitfall.TRAIN_EVAL, gettext("the restored model is in training mode"), gettext("call .eval() before "
-                                                                                                               "using it for outputs.")))
+        findings.append(found(Pitfall.TRAIN_EVAL, gettext("the restored model is in training mode"),
+                              gettext("load_checkpoint returned a model with model.training = True: dropout would stay on."),
+                              fix=gettext("call model.eval() on the restored model before returning it")))
     ids = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(22))
     with torch.no_grad():
         if not torch.equal(restored.eval()(ids), model(ids)):
             findings.append(
-                Finding(Pitfall.GENERAL, gettext("the restored model gives different outputs"),
-                        gettext("save model.state_dict() and load it with strict=True."))
+                found(Pitfall.GENERAL, gettext("the restored model gives different outputs"),
+                      gettext("in eval mode its logits differ from the saved model's."),
+                      fix=gettext("save model.state_dict() and load it with strict=True"))
             )
     missing = sorted({"config", "model", "optimizer", "scheduler", "step"} - set(raw if isinstance(raw, dict) else ()))
     if missing:
-        hint = gettext("it lacks {missing}: pass the optimizer, the scheduler and step= to tinytf.save_checkpoint.").format(missing=missing)
-        findings.append(Finding(Pitfall.GENERAL, gettext("the checkpoint is incomplete"), hint))
+        findings.append(found(Pitfall.GENERAL, gettext("the checkpoint is incomplete"), gettext("it lacks {missing}.").format(missing=missing),
+                              fix=gettext("pass the optimizer, the scheduler and step= to tinytf.save_checkpoint")))
     elif raw["step"] != 3:
-        findings.append(Finding(Pitfall.GENERAL, gettext("the checkpoint stores the wrong step"),
-                                gettext("store the step it was given (3), not {raw!r}.").format(raw=raw['step'])))
+        findings.append(found(Pitfall.GENERAL, gettext("the checkpoint stores the wrong step"),
+                              gettext("saved with step=3, it stores {raw!r}.").format(raw=raw['step']),
+                              fix=gettext("store the step it was given")))
     return findings
 
 
@@ -296,8 +310,8 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
         (("save_checkpoint", "load_checkpoint"), "ex08_ckpt", lambda *_: _diagnose_ckpt(namespace)),
     ])
     if not callable(namespace.get("train")):
-        findings.append(Finding(Pitfall.GENERAL, _("train is missing"), _("Define train(...) in the notebook (keep its name and "
-                                                                          "signature).")))
+        findings.append(Finding(Pitfall.GENERAL, _("train is missing"), _("the notebook defines no train(...)."),
+                                fix=_("define train(...) in the notebook (keep its name and signature) and run its cell")))
         covered.add("ex08_train")
     judged = judge_findings(namespace, PROBES, covered=covered)
     wrong = earlier_parts_wrong(namespace) if "ex08_train" not in covered else []

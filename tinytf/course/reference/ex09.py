@@ -20,7 +20,7 @@ from ...translation import _
 from ..judges import judge
 from . import Probe, judge_findings, stub_or, swapped
 from .ex05 import named_findings
-from .validators import close, float_inputs, has_keys, shapes, tensor
+from .validators import close, float_inputs, has_keys, how_off, shapes, tensor
 
 __all__ = ["reference_fold", "diagnose", "PROBES", "MEMORY_FRACTION"]
 
@@ -122,7 +122,7 @@ def _judge_causal(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         assert got["computed"] == want, (
             _("causal_tiled_forward ({key}) computed {got!r} tiles for {given}; {want} of the {total} tiles hold a key some query may "
               "see, the others lie wholly in the future and are skipped").format(key=key, got=got['computed'], given=given, want=want,
-                  total=total))
+                  total=total) + how_off(got["computed"], want, step=(_("tile"), 1)))
 
 
 # ---- probes: the judges' inputs, drawn afresh (by the hidden tests and by the self-check) ---------

@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import N_, _
 from ..judges import judge
 from . import Probe, call_student, judge_findings, stub_or, swapped
 from .ex05 import named_findings
-from .validators import bool_mask, close, float_inputs, has_keys, shapes, tensor
+from .validators import bool_mask, close, float_inputs, has_keys, how_off, shapes, tensor
 
 __all__ = ["reference_expand_kv", "reference_cache_bytes", "diagnose", "PROBES"]
 
@@ -93,8 +93,20 @@ def _judge_cache(value: Any, args: list) -> None:
                 f"dtype_bytes={dtype_bytes}, window={window})")
         assert isinstance(got, int) and not isinstance(got, bool), _("{call} must return an int number of bytes, got {got!r}").format(
             call=call, got=got)
+        kept = tokens if window is None else min(tokens, window)
+        suspects = {_("dtype_bytes={dtype_bytes} looks ignored (2 bytes per number assumed)").format(dtype_bytes=dtype_bytes): 2 / dtype_bytes,
+                    _("dtype_bytes={dtype_bytes} looks ignored (1 byte per number assumed)").format(dtype_bytes=dtype_bytes): 1 / dtype_bytes,
+                    _("only the keys (or only the values) are counted: the formula starts with 2 ·"): 0.5,
+                    _("layers={layers} looks ignored").format(layers=layers): 1 / layers,
+                    _("batch={batch} looks ignored").format(batch=batch): 1 / batch,
+                    _("kv_heads={kv_heads} looks ignored").format(kv_heads=kv_heads): 1 / kv_heads,
+                    _("head_dim={head_dim} looks ignored").format(head_dim=head_dim): 1 / head_dim,
+                    _("the window looks ignored: {tokens} tokens counted, not min(tokens, window) = {kept}")
+                    .format(tokens=tokens, kept=kept): tokens / kept}
+        one_token = 2 * layers * batch * kv_heads * head_dim * dtype_bytes
         assert got == want, (_("{call} = {got}, should be {want} = 2 (keys and values) · layers · batch · kv_heads · min(tokens, window) "
-                               "· head_dim · dtype_bytes").format(call=call, got=got, want=want))
+                               "· head_dim · dtype_bytes").format(call=call, got=got, want=want)
+                             + how_off(got, want, suspects=suspects, step=(_("token"), one_token)))
 
 
 @judge("ex10_window")
@@ -182,16 +194,19 @@ PROBES: dict[str, Probe] = {"ex10_expand": _probe_expand, "ex10_grouped": _probe
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 _CACHE_ARGS = ((2, 4, 2, 16, 100, 2, None), (1, 3, 4, 8, 64, 4, 16), (3, 2, 1, 32, 10, 2, 50))
-_CACHE_MISTAKES = (
+_CACHE_MISTAKES = (  # (what it computes, pitfall, title, evidence, fix)
     (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, s, w) // 2, Pitfall.KV_CACHE, N_("only the keys are counted"),
-     N_("cache_bytes is half the right size: the cache holds keys and values, so the formula starts with 2 ·.")),
+     N_("cache_bytes is half the right size: the cache holds keys and values."),
+     N_("count keys and values: start the formula with 2 ·")),
     (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, s), Pitfall.GENERAL, N_("the window does not cap the cache"),
-     N_("with a window shorter than the sequence a rolling cache keeps only min(tokens, window) tokens per layer.")),
+     N_("with a window shorter than the sequence a rolling cache keeps only min(tokens, window) tokens per layer."),
+     N_("count min(tokens, window) tokens when a window is given")),
     (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t if w is None else w, s), Pitfall.GENERAL,
-     N_("the window is used even when the sequence is shorter"),
-     N_("a cache never holds more tokens than were written: min(tokens, window), not window.")),
+     N_("the window is used even when the sequence is shorter"), N_("a cache never holds more tokens than were written."),
+     N_("count min(tokens, window) tokens, not window")),
     (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, 2, w), Pitfall.GENERAL, N_("dtype_bytes is ignored"),
-     N_("exactly half for a 4-byte dtype (and right for 2 bytes): dtype_bytes=4 looks ignored; multiply by dtype_bytes.")),
+     N_("exactly half for a 4-byte dtype (and right for 2 bytes): dtype_bytes=4 looks ignored."),
+     N_("multiply by dtype_bytes instead of a fixed 2")),
 )
 
 
@@ -204,11 +219,12 @@ def _diagnose_cache(fn: Any) -> list[Finding]:
         got.append(out)
     if got == [reference_cache_bytes(*a) for a in _CACHE_ARGS]:
         return []
-    for wrong, pitfall, title, why in _CACHE_MISTAKES:
+    for wrong, pitfall, title, why, fix in _CACHE_MISTAKES:
         if all(g == wrong(*a) for g, a in zip(got, _CACHE_ARGS)):
             shown = next((i for i, a in enumerate(_CACHE_ARGS) if got[i] != reference_cache_bytes(*a)), 0)
-            return [Finding(pitfall, _(title), _("{why} cache_bytes{args} gave {got}, should be {right}.").format(
-                why=_(why), args=_CACHE_ARGS[shown], got=got[shown], right=reference_cache_bytes(*_CACHE_ARGS[shown])))]
+            return [found(pitfall, _(title), _("{why} cache_bytes{args} gave {got}, should be {right}.").format(
+                why=_(why), args=_CACHE_ARGS[shown], got=got[shown], right=reference_cache_bytes(*_CACHE_ARGS[shown])),
+                fix=_(fix))]
     return []  # an unnamed mistake: the judge's message says what differs
 
 

@@ -18,10 +18,12 @@ from typing import Any, Literal
 
 import torch
 
+from tinytf.checks.findings import relation, shape_relation, tensor_relation
+
 from ...translation import N_, _
 
 __all__ = ["FLOATING", "tensor", "close", "float_inputs", "bool_mask", "number", "positive", "seconds", "has_keys", "shape_of", "differs",
-           "should_be", "shapes"]
+           "should_be", "shapes", "how_off"]
 
 FLOATING: Literal["floating"] = "floating"
 """``tensor(..., dtype=FLOATING)``: any floating-point dtype, every value finite (the default)."""
@@ -37,7 +39,7 @@ def tensor(value: Any, shape: Sequence[int] | None, what: str, *,
     assert isinstance(value, torch.Tensor), _("{what} must be a tensor, got {type}").format(what=what, type=type(value).__name__)
     if shape is not None:
         assert tuple(value.shape) == tuple(shape), _("{what} has shape {value_shape}, expected {shape}").format(what=what,
-            value_shape=list(value.shape), shape=list(shape))
+            value_shape=list(value.shape), shape=list(shape)) + _off(value.shape, shape)
     if isinstance(dtype, str):  # FLOATING
         assert value.is_floating_point(), _("{what} must be a floating-point tensor, got {value_dtype}").format(what=what,
             value_dtype=value.dtype)
@@ -50,14 +52,31 @@ def tensor(value: Any, shape: Sequence[int] | None, what: str, *,
 
 
 def close(value: torch.Tensor, expected: torch.Tensor, what: str, *, given: str = "", atol: float = 1e-5, rtol: float = 1e-4,
-          reference: str = N_("the reference")) -> None:
+          reference: str = N_("the reference"), suspects: dict[str, float] | None = None) -> None:
     """``value`` has the shape of ``expected`` and agrees with it (compared in float32): otherwise
-    "``what`` differs from ``reference``: for ``given`` (the input shapes) it should be … starting […]; yours is …"."""
+    "``what`` differs from ``reference``: for ``given`` (the input shapes) it should be … starting […]; yours is …",
+    and, when ``value`` is ``expected`` times a clean number, which (``suspects``: ``{meaning (translated): ratio}``)."""
     assert tuple(value.shape) == tuple(expected.shape), _("{what} has shape {value_shape}, expected {expected_shape}").format(what=what,
-        value_shape=list(value.shape), expected_shape=list(expected.shape))
-    assert torch.allclose(value.float(), expected.float(), atol=atol, rtol=rtol), (
-        _("{what} differs from {reference}: {should_be}").format(what=what, reference=_(reference),
-            should_be=should_be(value, expected, given)))
+        value_shape=list(value.shape), expected_shape=list(expected.shape)) + _off(value.shape, expected.shape)
+    if not torch.allclose(value.float(), expected.float(), atol=atol, rtol=rtol):
+        how = tensor_relation(value, expected, suspects=suspects)
+        raise AssertionError(_("{what} differs from {reference}: {should_be}").format(what=what, reference=_(reference),
+                             should_be=should_be(value, expected, given)) + (f" — {how}" if how else ""))
+
+
+def _off(got: Sequence[int], want: Sequence[int]) -> str:
+    how = shape_relation(list(got), list(want))
+    return f" — {how}" if how else ""
+
+
+def how_off(got: Any, want: float, *, suspects: dict[str, float] | None = None, step: tuple[str, float] | None = None) -> str:
+    """For a message about a wrong number: " — exactly half the right value: dtype_bytes=4 looks ignored" when
+    ``got`` is a clean ratio or one ``step`` off ``want`` (:func:`tinytf.checks.findings.relation`; ``suspects``' meanings
+    and ``step``'s name translated by the caller), else ``""``."""
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return ""
+    how = relation(got, want, suspects=suspects, step=step)
+    return f" — {how}" if how else ""
 
 
 def float_inputs(*xs: Any, what: str = N_("the recorded inputs")) -> list[torch.Tensor]:

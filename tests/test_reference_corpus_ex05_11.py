@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import _runner as R
 import matplotlib
-import nbformat
 import pytest
 import torch
 
@@ -32,25 +32,19 @@ PROBES = {"ex05": ex05.PROBES, "ex06": ex06.PROBES, "ex07": ex07.PROBES, "ex08":
 CASES = sorted(p for ex in NOTEBOOKS for p in (ROOT / "tests" / "corpus" / ex).glob("*.json"))
 
 
-def _run(case: dict, folder: Path) -> tuple[dict, dict[str, str | None], dict[str, float]]:
+def _run(case: dict) -> tuple[dict, dict[str, str | None], dict[str, float]]:
     """Execute the case's notebook; ``(namespace, {test grade_id: None or the failure}, {grade_id: points})``."""
-    nb = nbformat.read(ROOT / "solutions" / NOTEBOOKS[case["exercise"]], as_version=4)
-    ns: dict = {"__name__": "__main__"}
-    verdicts: dict[str, str | None] = {}
-    points: dict[str, float] = {}
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        source = case["cells"].get(meta.get("grade_id"), cell.source)
-        if cell.cell_type != "code" or "self_check(" in source:
-            continue
-        try:
-            exec(compile(source, f"<{meta.get('grade_id', 'cell')}>", "exec"), ns)  # noqa: S102 - our notebook + corpus code
-            failure = None
-        except Exception as err:  # noqa: BLE001 - a failing cell is a verdict, like in nbgrader
-            failure = f"{type(err).__name__}: {err}"
-        if meta.get("grade") and not meta.get("solution"):
-            verdicts[meta["grade_id"]], points[meta["grade_id"]] = failure, float(meta.get("points", 0))
-    return ns, verdicts, points
+    cells = R.notebook_cells(NOTEBOOKS[case["exercise"]])
+    ids = [gid for gid, c in cells.items() if c.cell_type == "code" and "self_check(" not in case["cells"].get(gid, c.source)]
+    failures: dict[str, str | None] = {}
+    ns = R.run_cells(cells, ids, {"__name__": "__main__"}, sources=case["cells"], failures=failures)
+    grading = {gid: c.metadata.get("nbgrader", {}) for gid, c in cells.items()}
+    tests = [gid for gid in ids if grading[gid].get("grade") and not grading[gid].get("solution")]
+    return ns, {gid: failures[gid] for gid in tests}, {gid: float(grading[gid].get("points", 0)) for gid in tests}
+
+
+def test_every_exercise_has_corpus_cases():
+    assert {ex: sum(p.parent.name == ex for p in CASES) >= 3 for ex in NOTEBOOKS} == dict.fromkeys(NOTEBOOKS, True)
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}-{p.stem}")
@@ -58,7 +52,7 @@ def test_hidden_tests_and_judges_agree_on_the_corpus(path, tmp_path, monkeypatch
     case = json.loads(path.read_text())
     monkeypatch.setenv(RECORD_ENV, str(tmp_path))
     monkeypatch.setenv("TINYTF_DEVICE", "cpu")
-    ns, verdicts, points = _run(case, tmp_path)
+    ns, verdicts, points = _run(case)
     records = load_records(tmp_path)
     for gid, failure in verdicts.items():
         probe = PROBES[case["exercise"]][gid]
