@@ -71,8 +71,8 @@ def check_parts(namespace: dict[str, Any], parts: Iterable[tuple[str | Sequence[
         try:
             findings.extend(check(*objs))
         except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
-            findings.append(Finding(Pitfall.GENERAL, _("{names} could not be checked").format(names=names[0]), f"{type(err).__name__}: "
-                                                                                                                "{err}"))
+            findings.append(Finding(Pitfall.GENERAL, _("{names} could not be checked").format(names=names[0]),
+                                    f"{type(err).__name__}: {err}"))
     return findings
 
 

@@ -147,11 +147,13 @@ def _diagnose_saved(fn: Any) -> list[Finding]:
                       fix=_("add up the int t.numel() * t.element_size() of each saved tensor"))]
     if n == 15:
         return [found(Pitfall.GENERAL, _("saved_tensor_bytes counts elements, not bytes"),
-                      _("x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how}.").format(n=n, how=how_off(n, 60)),
+                      _("x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how}.")
+                      .format(n=n, how=how_off(n, 60)),
                       fix=_("multiply t.numel() by t.element_size() (4 for float32)"))]
     if n != 60:
         return [found(Pitfall.GENERAL, _("saved_tensor_bytes counts the wrong bytes"),
-                      _("x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how}.").format(n=n, how=how_off(n, 60)),
+                      _("x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how}.")
+                      .format(n=n, how=how_off(n, 60)),
                       fix=_("add t.numel() * t.element_size() in the pack hook and return the tensor unchanged"))]
     q, k, v = _qkv(1, 2, 32, 8)
     explicit = _paths()["explicit"]

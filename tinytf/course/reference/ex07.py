@@ -261,8 +261,9 @@ def _diagnose_chunk(fn: Any, attn: torch.nn.Module, x: torch.Tensor, full: torch
     return [Finding(Pitfall.GENERAL, gettext("attention_step is wrong for several new tokens after cached ones"),
                     gettext("a prefill and one-token decode steps are right, but 2 new tokens after 3 cached ones ({value}): the mask "
                             "must be END-aligned, [t, past + t], new token i reads keys 0..past + i: tinytf.causal_mask(t, past + t), "
-                            "not causal_mask(t).").format(value='raised: ' + problem.message if problem else 'differ from attn(x)'),
-                    fix=_(_STEP_FIX))]
+                            "not causal_mask(t).").format(value=gettext("raised: {message}").format(message=problem.message) if problem
+                                                      else gettext("differ from attn(x)")),
+                    fix=gettext(_STEP_FIX))]
 
 
 def _generation_probe() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -289,7 +289,8 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
             )
     missing = sorted({"config", "model", "optimizer", "scheduler", "step"} - set(raw if isinstance(raw, dict) else ()))
     if missing:
-        findings.append(found(Pitfall.GENERAL, gettext("the checkpoint is incomplete"), gettext("it lacks {missing}.").format(missing=missing),
+        findings.append(found(Pitfall.GENERAL, gettext("the checkpoint is incomplete"),
+                              gettext("it lacks {missing}.").format(missing=missing),
                               fix=gettext("pass the optimizer, the scheduler and step= to tinytf.save_checkpoint")))
     elif raw["step"] != 3:
         findings.append(found(Pitfall.GENERAL, gettext("the checkpoint stores the wrong step"),

@@ -94,8 +94,10 @@ def _judge_cache(value: Any, args: list) -> None:
         assert isinstance(got, int) and not isinstance(got, bool), _("{call} must return an int number of bytes, got {got!r}").format(
             call=call, got=got)
         kept = tokens if window is None else min(tokens, window)
-        suspects = {_("dtype_bytes={dtype_bytes} looks ignored (2 bytes per number assumed)").format(dtype_bytes=dtype_bytes): 2 / dtype_bytes,
-                    _("dtype_bytes={dtype_bytes} looks ignored (1 byte per number assumed)").format(dtype_bytes=dtype_bytes): 1 / dtype_bytes,
+        suspects = {_("dtype_bytes={dtype_bytes} looks ignored (2 bytes per number assumed)").format(dtype_bytes=dtype_bytes):
+                    2 / dtype_bytes,
+                    _("dtype_bytes={dtype_bytes} looks ignored (1 byte per number assumed)").format(dtype_bytes=dtype_bytes):
+                    1 / dtype_bytes,
                     _("only the keys (or only the values) are counted: the formula starts with 2 ·"): 0.5,
                     _("layers={layers} looks ignored").format(layers=layers): 1 / layers,
                     _("batch={batch} looks ignored").format(batch=batch): 1 / batch,
