@@ -173,6 +173,10 @@ def shape_relation(got: Sequence[int], want: Sequence[int], names: Sequence[str]
     if len(got) != len(want) or len(offs) != 1 or abs(offs[0][1] - offs[0][2]) != 1:
         return ""
     (i, g, w), = offs
-    label = f" ({names[i]})" if i < len(names) else ""
-    return (_("dim {i}{label} has one more ({got}) than it should ({want})") if g > w
-            else _("dim {i}{label} has one less ({got}) than it should ({want})")).format(i=i, label=label, got=g, want=w)
+    if i < len(names):
+        said = (_("dim {i} ({name}) has one more ({got}) than it should ({want})") if g > w
+                else _("dim {i} ({name}) has one less ({got}) than it should ({want})"))
+    else:
+        said = (_("dim {i} has one more ({got}) than it should ({want})") if g > w
+                else _("dim {i} has one less ({got}) than it should ({want})"))
+    return said.format(i=i, name=names[i] if i < len(names) else "", got=g, want=w)
