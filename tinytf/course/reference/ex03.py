@@ -172,7 +172,8 @@ def _diagnose_count(fn: Any) -> list[Finding]:
         how = how_off(n, want) if isinstance(n, int) else ""
         return [found(Pitfall.GENERAL, gettext("mha_parameter_count gives a wrong count"),
                       gettext("dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}{how}{evidence}.").format(
-                          dim=dim, heads=heads, bias=bias, n=n, want=want, how=how, evidence="; " + evidence if evidence else ""),
+                          dim=dim, heads=heads, bias=bias, n=n, want=want, how=how,
+                          evidence=gettext("; {evidence}").format(evidence=evidence) if evidence else ""),
                       fix=fix)]
     return []
 
