@@ -36,7 +36,7 @@ XDIST      = $(shell $(PYTHON) -c "import xdist" >/dev/null 2>&1 && echo "-n $(J
 # oversubscribe the CPU and slow tiny-tensor notebooks many times over.
 THREADS_ENV = $(if $(filter-out 1,$(JOBS)),OMP_NUM_THREADS=1)
 
-.PHONY: help setup lab lab-zh lab-instructor book test-book test test-fast lint unit notebooks clean run test-cuda test-ui bench release grade
+.PHONY: help setup lab lab-zh lab-instructor book test-book test test-fast lint unit notebooks clean run test-cuda test-ui bench release grade messages
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -150,6 +150,17 @@ GRADE_ARGS  ?=
 grade: $(SETUP) ## grade SUBMISSIONS=<dir>/<student>/<exercise>.ipynb [OUT=build/grades] [JOBS=2] [GRADE_ARGS=--timeout 60]
 	@if [ -z "$(SUBMISSIONS)" ]; then echo "usage: make grade SUBMISSIONS=path/to/submissions [OUT=build/grades]"; exit 2; fi
 	$(PYTHON) -m tinytf.course.cli grade "$(SUBMISSIONS)" --out "$(OUT)" --jobs $(JOBS) $(GRADE_ARGS)
+
+# the message catalog (tinytf/translation.py): every _("...") in tinytf/ -> build/tinytf.pot -> the zh_CN .po (update
+# keeps its translations; new msgids arrive empty, changed ones fuzzy) -> the compiled .mo shipped with the package
+POT := build/tinytf.pot
+PYBABEL = $(PYTHON) -m babel.messages.frontend -q
+
+messages: $(SETUP) ## extract every _("...") of tinytf/, update the zh_CN catalog, compile it (Babel); translate what is new
+	@mkdir -p build
+	$(PYBABEL) extract -F babel.cfg --no-location --sort-output --project=tinytf --copyright-holder=tinytf -o $(POT) tinytf
+	$(PYBABEL) update -i $(POT) -d tinytf/locale -D tinytf -l zh_CN --no-fuzzy-matching --ignore-obsolete --ignore-pot-creation-date
+	$(PYBABEL) compile -d tinytf/locale -D tinytf --statistics
 
 clean: ## remove build outputs and caches (keeps .venv)
 	rm -rf build .pytest_cache .ruff_cache

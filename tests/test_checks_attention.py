@@ -124,8 +124,19 @@ def test_attention_wrong_scale_on_part_of_the_batch_is_pitfall_1_on_those_elemen
     assert "part of the batch" in f.title and "missing scaling" in f.title, report(findings)
     assert "batch element 0 is right" in f.message and "batch elements 1, 2 only" in f.message, report(findings)
     assert "none of the known mistakes" not in report(findings)
-    assert "whole batch" in f.fix and "sqrt(q.size(-1))" in f.fix and f.fix_zh
+    assert "whole batch" in f.fix and "sqrt(q.size(-1))" in f.fix
     assert diagnose_attention(make_attention(scale=lambda q: 1.0))[0].title == "missing scaling"  # the whole batch: as before
+
+
+def test_attention_wrong_scale_on_part_of_the_batch_in_chinese(monkeypatch):
+    """Under TINYTF_LANG=zh the same finding is said in Chinese: title, evidence and its own fix, shapes kept."""
+    monkeypatch.setenv("TINYTF_LANG", "zh")
+    findings = diagnose_attention(_scaled_for_the_first_batch_element_only)
+    assert [int(f.pitfall) for f in findings] == [1], report(findings)
+    f = findings[0]
+    assert "batch 的一部分" in f.title and "缺少缩放" in f.title, report(findings)
+    assert "第 0 个元素是对的" in f.message and "[B, H, T, d]" in f.message, report(findings)
+    assert "整个 batch" in f.fix and "sqrt(q.size(-1))" in f.fix and "whole" not in report(findings)
 
 
 def test_findings_carry_a_pitfall_and_the_catalog_fix():

@@ -14,19 +14,24 @@ from tinytf.course.check_report import finding_lines
 from tinytf.course.diagnosis import finding_json
 from tinytf.course.nbgrader_root import REPO
 from tinytf.course.reference import ex05, ex07
+from tinytf.translation import _
 
 
 def _lines(f: Finding, lang: str) -> list[str]:
     return finding_lines(json.loads(json.dumps(finding_json(f))), lang)  # as validate reads it back
 
 
-def test_found_with_its_own_fix_says_that_fix_not_the_catalogs():
-    f = found(Pitfall.CAUSAL_OFF_BY_ONE, "t", "evidence.", fix="use causal_mask(t, past + t)", fix_zh="用 causal_mask(t, past + t)")
+def test_found_with_its_own_fix_says_that_fix_not_the_catalogs(monkeypatch):
+    f = found(Pitfall.CAUSAL_OFF_BY_ONE, "t", "evidence.", fix="use causal_mask(t, past + t)")
     assert f.fix == "use causal_mask(t, past + t)" and f.message.endswith("Fix: use causal_mask(t, past + t).")
     assert "tril" not in f.message
-    en, zh = _lines(f, "en"), _lines(f, "zh")
+    en = _lines(f, "en")
     assert len(en) == 3 and en[1].strip() == "evidence." and en[2].strip() == "Fix: use causal_mask(t, past + t)"
-    assert zh[-1].strip() == "修复：用 causal_mask(t, past + t)" and "tril" not in "\n".join(zh)
+    monkeypatch.setenv("TINYTF_LANG", "zh")  # a Chinese kernel: its own fix comes from the one catalog, like its title
+    g = found(Pitfall.CAUSAL_OFF_BY_ONE, "t", "evidence.", fix=_("call diagnose_block(factory, dim=D)"))
+    zh = _lines(g, "zh")
+    assert g.fix == "调用 diagnose_block(factory, dim=D)" and g.message.endswith("修复：调用 diagnose_block(factory, dim=D)。")
+    assert zh[-1].strip() == "修复：调用 diagnose_block(factory, dim=D)" and "tril" not in "\n".join(zh)
 
 
 def test_without_its_own_fix_the_catalogs_fix_is_the_fallback():
@@ -60,13 +65,17 @@ def _step(aligned: str):
     return attention_step
 
 
-def test_a_start_aligned_decode_mask_is_told_the_end_aligned_fix_not_the_square_tril():
+def test_a_start_aligned_decode_mask_is_told_the_end_aligned_fix_not_the_square_tril(monkeypatch):
     findings = ex07._diagnose_step(_step("sdpa"))
     assert [f.pitfall for f in findings] == [Pitfall.CAUSAL_OFF_BY_ONE] and "START-aligned" in findings[0].message
-    assert "causal_mask(t, past + t)" in findings[0].fix and "END-aligned" in findings[0].fix and findings[0].fix_zh
-    for lang in ("en", "zh"):
-        text = "\n".join(_lines(findings[0], lang))
+    assert "causal_mask(t, past + t)" in findings[0].fix and "END-aligned" in findings[0].fix
+    monkeypatch.setenv("TINYTF_LANG", "zh")  # the Chinese notebook's diagnosis says the same fix in Chinese
+    zh = ex07._diagnose_step(_step("sdpa"))
+    assert "causal_mask(t, past + t)" in zh[0].fix and "末尾对齐" in zh[0].fix and "END-aligned" not in zh[0].fix
+    for lang, f in (("en", findings[0]), ("zh", zh[0])):
+        text = "\n".join(_lines(f, lang))
         assert "causal_mask(t, past + t)" in text.splitlines()[-1] and "ones(T, T).tril()" not in text, text
+    monkeypatch.delenv("TINYTF_LANG")
     assert ex07._diagnose_step(_step("end")) == []  # the fix applied: the finding disappears
 
 

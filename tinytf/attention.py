@@ -12,6 +12,7 @@ import math
 import torch
 
 from .masks import causal_mask
+from .translation import _
 
 __all__ = ["scaled_dot_product_attention", "combine_masks", "check_qkv", "check_mask", "check_inputs"]
 
@@ -24,22 +25,22 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raise ``ValueError`` unless q ``[..., Tq, d]``, k ``[..., Tk, d]``, v ``[..., Tk, dv]`` fit."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 2:
-            raise ValueError(f"{name} must be at least 2-D [..., T, d], got shape {_shape(t)}")
+            raise ValueError(_("{name} must be at least 2-D [..., T, d], got shape {t}").format(name=name, t=_shape(t)))
         if not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+            raise ValueError(_("{name} must be a floating-point tensor, got {t_dtype}").format(name=name, t_dtype=t.dtype))
     if q.size(-1) != k.size(-1):
         raise ValueError(
-            f"q and k must have the same width d to form q @ kᵀ: q {_shape(q)} has d={q.size(-1)}, "
-            f"k {_shape(k)} has d={k.size(-1)}. Project both to the same per-head width."
+            _("q and k must have the same width d to form q @ kᵀ: q {q} has d={q_size}, k {k} has d={k_size}. Project both to the same "
+              "per-head width.").format(q=_shape(q), q_size=q.size(-1), k=_shape(k), k_size=k.size(-1))
         )
     if k.size(-2) != v.size(-2):
         raise ValueError(
-            f"k and v must hold the same number of positions Tk: k {_shape(k)}, v {_shape(v)}"
+            _("k and v must hold the same number of positions Tk: k {k}, v {v}").format(k=_shape(k), v=_shape(v))
         )
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
         raise ValueError(
-            f"q, k, v must share their leading (batch/head) dims: q {_shape(q)}, k {_shape(k)}, "
-            f"v {_shape(v)}. Split heads the same way for all three ([B, H, T, d])."
+            _("q, k, v must share their leading (batch/head) dims: q {q}, k {k}, v {v}. Split heads the same way for all three ([B, H, "
+              "T, d]).").format(q=_shape(q), k=_shape(k), v=_shape(v))
         )
 
 
@@ -53,14 +54,14 @@ def check_mask(mask: torch.Tensor, scores_shape: torch.Size | tuple[int, ...]) -
     scores_shape = tuple(scores_shape)
     if mask.dtype != torch.bool:
         raise ValueError(
-            f"mask must be torch.bool with True = may attend, got dtype {mask.dtype} "
-            f"(shape {_shape(mask)}). Convert a 0/1 mask with mask.bool(); an additive mask "
-            "(0 where allowed, -inf where blocked) with mask == 0."
+            _("mask must be torch.bool with True = may attend, got dtype {mask_dtype} (shape {mask}). Convert a 0/1 mask with "
+              "mask.bool(); an additive mask (0 where allowed, -inf where blocked) with mask == 0.")
+                  .format(mask_dtype=mask.dtype, mask=_shape(mask))
         )
     if mask.dim() > len(scores_shape):
         raise ValueError(
-            f"mask has rank {mask.dim()} (shape {_shape(mask)}) but scores have rank "
-            f"{len(scores_shape)} (shape {list(scores_shape)}). Drop the extra axes."
+            _("mask has rank {mask_dim} (shape {mask}) but scores have rank {n_scores_shape} (shape {scores_shape}). Drop the extra axes.")
+                .format(mask_dim=mask.dim(), mask=_shape(mask), n_scores_shape=len(scores_shape), scores_shape=list(scores_shape))
         )
     tq, tk = scores_shape[-2], scores_shape[-1]
     ok = True
@@ -71,12 +72,12 @@ def check_mask(mask: torch.Tensor, scores_shape: torch.Size | tuple[int, ...]) -
         hint = ""
         if mask.dim() == 2 and len(scores_shape) == 4:
             hint = (
-                " A 2-D mask is read as [Tq, Tk]. If this is a [B, T] padding mask, reshape it to "
-                "[B, 1, 1, T] with mask[:, None, None, :] (or build it with tinytf.padding_mask)."
+                _(" A 2-D mask is read as [Tq, Tk]. If this is a [B, T] padding mask, reshape it to "
+                "[B, 1, 1, T] with mask[:, None, None, :] (or build it with tinytf.padding_mask).")
             )
         raise ValueError(
-            f"mask of shape {_shape(mask)} does not broadcast to scores of shape "
-            f"{list(scores_shape)} [..., Tq={tq}, Tk={tk}].{hint}"
+            _("mask of shape {mask} does not broadcast to scores of shape {scores_shape} [..., Tq={tq}, Tk={tk}].{hint}")
+                .format(mask=_shape(mask), scores_shape=list(scores_shape), tq=tq, tk=tk, hint=hint)
         )
 
 
@@ -88,8 +89,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
         check_mask(mask, (*q.shape[:-1], k.size(-2)))
         if mask.device != q.device:
             raise ValueError(
-                f"mask is on {mask.device} but q is on {q.device}; create the mask with "
-                f"device=q.device (or register it as a buffer so model.to() moves it)."
+                _("mask is on {mask_device} but q is on {q_device}; create the mask with device=q.device (or register it as a buffer so "
+                  "model.to() moves it).").format(mask_device=mask.device, q_device=q.device)
             )
 
 

@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .translation import N_, _
+
 __all__ = [
     "ModelConfig", "NORMS", "BACKENDS", "check_heads", "check_norm", "check_backend", "check_dropout", "check_kv_heads",
     "check_window", "module_config",
@@ -32,42 +34,42 @@ NORMS = ("pre", "post")  # where each block normalises: before attention/FFN (mo
 BACKENDS = ("explicit", "sdpa", "tiled")  # tinytf's attention written out, PyTorch's fused kernel, the online softmax
 
 _SIZES = {
-    "vocab": "the number of token ids",
-    "layers": "the number of Transformer blocks",
-    "max_tokens": "the longest sequence: the number of rows of the position table",
-    "expansion": "the FFN hidden width is expansion * dim",
+    "vocab": N_("the number of token ids"),
+    "layers": N_("the number of Transformer blocks"),
+    "max_tokens": N_("the longest sequence: the number of rows of the position table"),
+    "expansion": N_("the FFN hidden width is expansion * dim"),
 }
 
 
 def _integer(name: str, value: Any) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+        raise ValueError(_("{name} must be an integer, got {value!r} ({type})").format(name=name, value=value, type=type(value).__name__))
     return operator.index(value)
 
 
 def check_heads(dim: int, heads: int) -> None:
     """``ValueError`` unless ``heads`` divides ``dim`` (each head gets ``d_head = dim / heads`` channels)."""
     if heads < 1 or dim < 1:
-        raise ValueError(f"dim and heads must be positive, got dim={dim}, heads={heads}")
+        raise ValueError(_("dim and heads must be positive, got dim={dim}, heads={heads}").format(dim=dim, heads=heads))
     if dim % heads != 0:
         near = [h for h in range(1, dim + 1) if dim % h == 0 and abs(h - heads) <= max(2, heads)]
         raise ValueError(
-            f"dim={dim} is not divisible by heads={heads}: each head needs d_head = dim / heads "
-            f"channels. Choose heads among the divisors of {dim} (e.g. {near}) or change dim."
+            _("dim={dim} is not divisible by heads={heads}: each head needs d_head = dim / heads channels. Choose heads among the "
+              "divisors of {dim} (e.g. {near}) or change dim.").format(dim=dim, heads=heads, near=near)
         )
 
 
 def check_norm(norm: str) -> str:
     """``norm`` if it is one of :data:`NORMS` (``"pre"``, ``"post"``), else a ``ValueError``."""
     if norm not in NORMS:
-        raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        raise ValueError(_("norm must be 'pre' or 'post', got {norm!r}").format(norm=norm))
     return norm
 
 
 def check_backend(backend: str) -> str:
     """``backend`` if it is one of :data:`BACKENDS`, else a ``ValueError``."""
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        raise ValueError(_("backend must be one of {backends}, got {backend!r}").format(backends=BACKENDS, backend=backend))
     return backend
 
 
@@ -75,8 +77,8 @@ def check_dropout(p: float) -> float:
     """``p`` as a float if it is a probability in ``[0, 1)``, else a ``ValueError``."""
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
         raise ValueError(
-            f"dropout must be a probability in [0, 1), got {p!r}: it is the chance of zeroing an activation "
-            "while training (0.0 switches dropout off)."
+            _("dropout must be a probability in [0, 1), got {p!r}: it is the chance of zeroing an activation while training (0.0 "
+              "switches dropout off).").format(p=p)
         )
     return float(p)
 
@@ -88,9 +90,9 @@ def check_kv_heads(heads: int, kv_heads: int | None) -> int:
     divisors = [g for g in range(1, heads + 1) if heads % g == 0]
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(
-            f"kv_heads={kv_heads!r} does not divide heads={heads}: every K/V head is shared by the same number "
-            f"(heads / kv_heads) of query heads. Choose kv_heads among {divisors} "
-            f"({heads} = multi-head, 1 = multi-query), or None for multi-head attention."
+            _("kv_heads={kv_heads!r} does not divide heads={heads}: every K/V head is shared by the same number (heads / kv_heads) of "
+              "query heads. Choose kv_heads among {divisors} ({heads} = multi-head, 1 = multi-query), or None for multi-head attention.")
+                  .format(kv_heads=kv_heads, heads=heads, divisors=divisors)
         )
     return kv_heads
 
@@ -99,8 +101,8 @@ def check_window(window: int) -> int:
     """``window`` as an int; ``ValueError`` unless it is a positive integer (the query itself counts)."""
     if isinstance(window, bool) or not hasattr(window, "__index__") or int(window) < 1:
         raise ValueError(
-            f"window must be a positive integer (each query sees the last `window` keys, itself included), "
-            f"got window={window!r}. window=1 lets a token see only itself; None switches the window off."
+            _("window must be a positive integer (each query sees the last `window` keys, itself included), got window={window!r}. "
+              "window=1 lets a token see only itself; None switches the window off.").format(window=window)
         )
     return int(window)
 
@@ -137,13 +139,14 @@ class ModelConfig:
             object.__setattr__(self, name, _integer(name, getattr(self, name)))  # numpy/torch ints -> int
         for name, what in _SIZES.items():
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer ({what}), got {getattr(self, name)}")
+                raise ValueError(_("{name} must be a positive integer ({what}), got {value}").format(name=name, what=_(what),
+                    value=getattr(self, name)))
         check_heads(self.dim, self.heads)
         check_norm(self.norm)
         check_backend(self.backend)
         object.__setattr__(self, "dropout", check_dropout(self.dropout))
         if not isinstance(self.bias, bool):
-            raise ValueError(f"bias must be True or False, got {self.bias!r} ({type(self.bias).__name__})")
+            raise ValueError(_("bias must be True or False, got {bias!r} ({type})").format(bias=self.bias, type=type(self.bias).__name__))
         kv = check_kv_heads(self.heads, None if self.kv_heads is None else _integer("kv_heads", self.kv_heads))
         object.__setattr__(self, "kv_heads", None if kv == self.heads else kv)  # canonical: MHA is None
         if self.window is not None:
@@ -168,13 +171,13 @@ class ModelConfig:
         """The inverse of :meth:`to_dict`. Missing fields take their defaults (so a dict saved before a
         field existed still loads); an unknown key is a ``ValueError`` naming it."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"a model config must be a dict of {{field: value}}, got {type(data).__name__}")
+            raise ValueError(_("a model config must be a dict of {{field: value}}, got {type}").format(type=type(data).__name__))
         known = [f.name for f in fields(cls)]
         unknown = [k for k in data if k not in known]
         if unknown:
             raise ValueError(
-                f"unknown ModelConfig field(s) {unknown}; the known fields are {known}. "
-                "Fix the spelling, or upgrade tinytf if the config was written by a newer version."
+                _("unknown ModelConfig field(s) {unknown}; the known fields are {known}. Fix the spelling, or upgrade tinytf if the "
+                  "config was written by a newer version.").format(unknown=unknown, known=known)
             )
         return cls(**data)
 
@@ -192,7 +195,8 @@ def module_config(init: Callable[..., None], first: ModelConfig | int, given: Ma
     if extra:
         owner = init.__qualname__.removesuffix(".__init__")
         raise ValueError(
-            f"{owner}(config, ...) takes every size and choice from the config, but also got {extra}. Put them in "
-            f"the config instead: {owner}(dataclasses.replace(config, {', '.join(f'{k}={v!r}' for k, v in extra.items())}))."
+            _("{owner}(config, ...) takes every size and choice from the config, but also got {extra}. Put them in the config instead: "
+              "{owner}(dataclasses.replace(config, {settings})).")
+                  .format(owner=owner, extra=extra, settings=', '.join(f'{k}={v!r}' for k, v in extra.items()))
         )
     return first

@@ -22,6 +22,7 @@ from .grouped import repeat_kv
 from .masks import causal_mask
 from .rolling import RollingKVCache
 from .tiled import tiled_attention
+from .translation import _
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kvcache import KVCache
@@ -83,8 +84,8 @@ class MultiHeadAttention(nn.Module):
     def _check_input(self, x: torch.Tensor, name: str = "x") -> None:
         if x.dim() != 3 or x.size(-1) != self.dim:
             raise ValueError(
-                f"{name} must be [B, T, D] with D={self.dim}, got shape {list(x.shape)}"
-                + (" (add a batch axis with x[None])" if x.dim() == 2 and x.size(-1) == self.dim else "")
+                _("{name} must be [B, T, D] with D={dim}, got shape {x_shape}").format(name=name, dim=self.dim, x_shape=list(x.shape))
+                + (_(" (add a batch axis with x[None])") if x.dim() == 2 and x.size(-1) == self.dim else "")
             )
 
     def project(self, x: torch.Tensor, context: torch.Tensor | None = None):
@@ -115,13 +116,14 @@ class MultiHeadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         if return_weights and self.backend != "explicit":
             raise ValueError(
-                f"return_weights=True needs backend='explicit' (backend={self.backend!r} never forms the [B, H, Tq, Tk] weights)"
+                _("return_weights=True needs backend='explicit' (backend={backend!r} never forms the [B, H, Tq, Tk] weights)")
+                    .format(backend=self.backend)
             )
         if self.backend == "tiled":
             if p > 0.0:
                 raise ValueError(
-                    f"backend='tiled' has no dropout on the attention weights (dropout={self.dropout}, training mode): "
-                    "call model.eval(), set dropout=0.0, or train with backend='sdpa' or 'explicit'."
+                    _("backend='tiled' has no dropout on the attention weights (dropout={dropout}, training mode): call model.eval(), "
+                      "set dropout=0.0, or train with backend='sdpa' or 'explicit'.").format(dropout=self.dropout)
                 )
             return tiled_attention(q, repeat_kv(k, self.groups), repeat_kv(v, self.groups), mask, is_causal=is_causal)
         if self.backend == "sdpa":
@@ -160,7 +162,8 @@ class MultiHeadAttention(nn.Module):
         if context is not None:
             self._check_input(context, "context")
             if context.size(0) != x.size(0):
-                raise ValueError(f"x {list(x.shape)} and context {list(context.shape)} must share the batch size B")
+                raise ValueError(_("x {x_shape} and context {context_shape} must share the batch size B")
+                    .format(x_shape=list(x.shape), context_shape=list(context.shape)))
         q, k, v = self.project(x, context)
         if mask is not None:
             check_mask(mask, (x.size(0), self.heads, q.size(-2), k.size(-2)))
@@ -208,22 +211,23 @@ class CausalSelfAttention(MultiHeadAttention):
         past, t = (0 if cache is None else cache.lengths[layer]), x.size(1)
         if past + t > self.max_tokens:
             raise ValueError(
-                f"sequence of {past + t} tokens (x {list(x.shape)}"
-                + (f" after {past} cached" if past else "")
-                + f") is longer than max_tokens={self.max_tokens}. Truncate the input to the last "
-                f"{self.max_tokens} tokens or build the model with a larger max_tokens."
+                (_("sequence of {n} tokens (x {x_shape} after {past} cached) is longer than max_tokens={max_tokens}. ") if past else
+                 _("sequence of {n} tokens (x {x_shape}) is longer than max_tokens={max_tokens}. ")).format(
+                    n=past + t, x_shape=list(x.shape), past=past, max_tokens=self.max_tokens)
+                + _("Truncate the input to the last {max_tokens} tokens or build the model with a larger max_tokens.")
+                .format(max_tokens=self.max_tokens)
             )
         if not isinstance(cache, RollingKVCache):
             return
         if cache.window != self.window:
             raise ValueError(
-                f"a RollingKVCache of window={cache.window} needs attention with the same window, but this layer has "
-                f"window={self.window}. Build the cache with RollingKVCache.for_model(model, batch)."
+                _("a RollingKVCache of window={cache_window} needs attention with the same window, but this layer has window={window}. "
+                  "Build the cache with RollingKVCache.for_model(model, batch).").format(cache_window=cache.window, window=self.window)
             )
         if mask is not None:
             raise ValueError(
-                "a RollingKVCache keeps keys in ring order, so an extra mask (e.g. padding [B, 1, 1, Tk]) cannot be "
-                "lined up with them. Generate unpadded batches, or use a KVCache with the window mask."
+                _("a RollingKVCache keeps keys in ring order, so an extra mask (e.g. padding [B, 1, 1, Tk]) cannot be "
+                "lined up with them. Generate unpadded batches, or use a KVCache with the window mask.")
             )
 
     def forward(  # type: ignore[override]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from .translation import _, gettext
+
 __all__ = ["KVCache"]
 
 
@@ -37,7 +39,7 @@ class KVCache:
     ) -> None:
         for name, val in (("layers", layers), ("batch", batch), ("heads", heads), ("max_tokens", max_tokens), ("head_dim", head_dim)):
             if val < 1:
-                raise ValueError(f"KVCache: {name} must be positive, got {val}")
+                raise ValueError(_("KVCache: {name} must be positive, got {val}").format(name=name, val=val))
         shape = (layers, batch, heads, max_tokens, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -78,18 +80,20 @@ class KVCache:
         """``ValueError`` unless ``layer`` exists and k/v ``[B, kv_heads, t, d_head]`` fit the buffers (dtype, device too)."""
         name = type(self).__name__
         if not 0 <= layer < len(self.lengths):
-            raise ValueError(f"{name} has {len(self.lengths)} layers, got layer={layer}")
+            raise ValueError(gettext("{name} has {n_lengths} layers, got layer={layer}")
+                .format(name=name, n_lengths=len(self.lengths), layer=layer))
         _, b, h, _, d = self.k.shape
         if k.shape != v.shape or k.dim() != 4 or (k.size(0), k.size(1), k.size(3)) != (b, h, d):
             raise ValueError(
-                f"{name} expects k and v of shape [B={b}, kv_heads={h}, t, d_head={d}], got k {list(k.shape)}, "
-                f"v {list(v.shape)}. Build the cache with the model's batch size, kv_heads and head width "
-                f"({name}.for_model(model, batch) reads them from the model)."
+                gettext("{name} expects k and v of shape [B={b}, kv_heads={h}, t, d_head={d}], got k {k_shape}, v {v_shape}. Build the "
+                        "cache with the model's batch size, kv_heads and head width ({name}.for_model(model, batch) reads them from the "
+                        "model).").format(name=name, b=b, h=h, d=d, k_shape=list(k.shape), v_shape=list(v.shape))
             )
         if k.dtype != self.k.dtype or k.device != self.k.device:
             raise ValueError(
-                f"{name} holds {self.k.dtype} on {self.k.device} but got k/v {k.dtype} on {k.device}. "
-                f"Build the cache after moving the model: {name}.for_model(model, batch) copies its dtype and device."
+                gettext("{name} holds {k_dtype} on {k_device} but got k/v {k_dtype2} on {k_device2}. Build the cache after moving the "
+                        "model: {name}.for_model(model, batch) copies its dtype and device.")
+                            .format(name=name, k_dtype=self.k.dtype, k_device=self.k.device, k_dtype2=k.dtype, k_device2=k.device)
             )
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,8 +103,8 @@ class KVCache:
         past, t = self.lengths[layer], k.size(2)
         if past + t > cap:
             raise ValueError(
-                f"KV cache overflow at layer {layer}: it holds {cap} tokens, {past} are written and "
-                f"{t} more were asked for. Create the cache with max_tokens >= {past + t} or start a new one."
+                _("KV cache overflow at layer {layer}: it holds {cap} tokens, {past} are written and {t} more were asked for. Create the "
+                  "cache with max_tokens >= {value} or start a new one.").format(layer=layer, cap=cap, past=past, t=t, value=past + t)
             )
         k_buf, v_buf = self._k_layers[layer], self._v_layers[layer]
         k_buf.narrow(2, past, t).copy_(k)  # in place at the write position: no reallocation per step

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from .config import check_window
+from .translation import _
 
 __all__ = ["causal_mask", "padding_mask", "check_causal_sizes"]
 
@@ -43,11 +44,11 @@ def check_causal_sizes(t_q: int, t_k: int) -> None:
     Shared by :func:`causal_mask` and the tiled attention, which never builds the whole mask.
     """
     if t_q < 1 or t_k < 1:
-        raise ValueError(f"causal_mask needs positive sizes, got t_q={t_q}, t_k={t_k}")
+        raise ValueError(_("causal_mask needs positive sizes, got t_q={t_q}, t_k={t_k}").format(t_q=t_q, t_k=t_k))
     if t_k < t_q:
         raise ValueError(
-            f"causal_mask(t_q={t_q}, t_k={t_k}): an end-aligned causal mask needs t_k >= t_q "
-            "(the keys include the queries' own positions). Pass t_k >= t_q."
+            _("causal_mask(t_q={t_q}, t_k={t_k}): an end-aligned causal mask needs t_k >= t_q (the keys include the queries' own "
+              "positions). Pass t_k >= t_q.").format(t_q=t_q, t_k=t_k)
         )
 
 
@@ -65,14 +66,15 @@ def padding_mask(
     The two singleton axes broadcast over heads and query positions of ``[B, H, Tq, Tk]`` scores.
     """
     if side not in ("right", "left"):
-        raise ValueError(f"padding_mask: side must be 'right' or 'left', got {side!r}")
+        raise ValueError(_("padding_mask: side must be 'right' or 'left', got {side!r}").format(side=side))
     lengths = torch.as_tensor(lengths, device=device)
     if lengths.dim() != 1:
-        raise ValueError(f"padding_mask: lengths must be 1-D [B], got shape {list(lengths.shape)}")
+        raise ValueError(_("padding_mask: lengths must be 1-D [B], got shape {lengths_shape}").format(lengths_shape=list(lengths.shape)))
     if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-        raise ValueError(f"padding_mask: lengths must be integers, got {lengths.dtype}")
+        raise ValueError(_("padding_mask: lengths must be integers, got {lengths_dtype}").format(lengths_dtype=lengths.dtype))
     if len(lengths) and (int(lengths.min()) < 0 or int(lengths.max()) > t):
-        raise ValueError(f"padding_mask: every length must lie in [0, {t}], got {lengths.tolist()}")
+        raise ValueError(_("padding_mask: every length must lie in [0, {t}], got {lengths_tolist}")
+            .format(t=t, lengths_tolist=lengths.tolist()))
     pos = torch.arange(t, device=lengths.device)  # [t]
     if side == "right":
         keep = pos[None, :] < lengths[:, None]  # [B, t]

@@ -18,6 +18,7 @@ import torch
 
 from .config import check_window
 from .kvcache import KVCache
+from .translation import _
 
 __all__ = ["RollingKVCache"]
 
@@ -50,8 +51,8 @@ class RollingKVCache(KVCache):
         c = model.config
         if c.window is None:
             raise ValueError(
-                "RollingKVCache.for_model needs a model with a sliding window (ModelConfig.window); this one attends "
-                "over every earlier token, so dropping old keys would change its output. Use KVCache.for_model."
+                _("RollingKVCache.for_model needs a model with a sliding window (ModelConfig.window); this one attends "
+                "over every earlier token, so dropping old keys would change its output. Use KVCache.for_model.")
             )
         p = next(model.parameters())
         return cls(c.layers, batch, c.n_kv_heads, c.window, c.head_dim, dtype=p.dtype, device=p.device)

@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 
 from .attention import check_inputs
 from .masks import check_causal_sizes
+from .translation import _
 
 __all__ = [
     "tiled_attention", "online_softmax_update", "online_softmax_finish", "TileStats", "TiledAttention", "keys_needed", "tile_mask",
@@ -221,8 +222,8 @@ def _check_blocks(block_q: int, block_k: int) -> None:
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise ValueError(
-                f"{name} must be a positive integer (a tile holds block_q × block_k scores), got {name}={b!r}. "
-                "Use e.g. block_q=64, block_k=64; T need not be a multiple of the block size."
+                _("{name} must be a positive integer (a tile holds block_q × block_k scores), got {name}={b!r}. Use e.g. block_q=64, "
+                  "block_k=64; T need not be a multiple of the block size.").format(name=name, b=b)
             )
 
 

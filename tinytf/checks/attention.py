@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..translation import gettext
 from .attention_refs import CORES, MASKED, RIGHT, Candidate, Core, Probe, explain_scales, fit_scale, reference
 from .catalog import Pitfall
 from .findings import Finding, found
@@ -26,8 +27,8 @@ Ran = tuple[Probe, torch.Tensor]  # a probe and fn's output on it
 
 
 def _where(p: Probe, mask: torch.Tensor | None = None) -> str:
-    extra = f" with mask {list(mask.shape)}" if mask is not None else ""
-    return f"for q {list(p.q.shape)} and k {list(p.k.shape)}{extra}"
+    extra = gettext(" with mask {mask_shape}").format(mask_shape=list(mask.shape)) if mask is not None else ""
+    return gettext("for q {q_shape} and k {k_shape}{extra}").format(q_shape=list(p.q.shape), k_shape=list(p.k.shape), extra=extra)
 
 
 def _make_probes(seeds: Sequence[int], gen: torch.Generator) -> list[Probe]:
@@ -52,12 +53,12 @@ def _run_unmasked(fn: Callable, probes: list[Probe]) -> tuple[list[Finding], lis
             crashed.append((p, exc))
             continue
         if not findings and not all(torch.equal(a, b) for a, b in zip(args, (p.q, p.k, p.v))):
-            findings.append(found(Pitfall.GENERAL, "modifies its inputs in place",
-                                  "q, k or v changed after the call (an in-place op such as q.mul_() or q *= ...).",
-                                  fix="use out-of-place ops: q = q * scale", fix_zh="使用非原地运算：q = q * scale"))
+            findings.append(found(Pitfall.GENERAL, gettext("modifies its inputs in place"),
+                                  gettext("q, k or v changed after the call (an in-place op such as q.mul_() or q *= ...)."),
+                                  fix=gettext("use out-of-place ops: q = q * scale")))
         if not isinstance(out, torch.Tensor):
-            return findings + [Finding(Pitfall.GENERAL, "does not return a tensor",
-                                       f"expected a tensor [B, H, Tq, d], got {type(out).__name__}.")], [], []
+            return findings + [Finding(Pitfall.GENERAL, gettext("does not return a tensor"),
+                                       gettext("expected a tensor [B, H, Tq, d], got {type}.").format(type=type(out).__name__))], [], []
         ok.append((p, out))
     return findings, ok, crashed
 
@@ -68,11 +69,12 @@ def _crash_finding(crashed: list[tuple[Probe, Exception]], ok: list[Ran]) -> Fin
     shape_err = isinstance(exc, RuntimeError) and any(w in str(exc) for w in ("size", "shape", "dimension"))
     hint = ""
     if shape_err:
-        hint = (f"With q {list(p.q.shape)} and k {list(p.k.shape)} the scores must be q @ k.transpose(-2, -1) -> "
-                f"[..., Tq={p.q.size(-2)}, Tk={p.k.size(-2)}]; print every intermediate shape.")
+        hint = (gettext("With q {q_shape} and k {k_shape} the scores must be q @ k.transpose(-2, -1) -> [..., Tq={q_size}, Tk={k_size}]; "
+                        "print every intermediate shape.")
+                            .format(q_shape=list(p.q.shape), k_shape=list(p.k.shape), q_size=p.q.size(-2), k_size=p.k.size(-2)))
         if square_ok:
-            hint = "It works when Tq == Tk but not when Tq != Tk: the scores are oriented the wrong way. " + hint
-    return crash_finding(f"attention with q {list(p.q.shape)}, k/v {list(p.k.shape)}", exc,
+            hint = gettext("It works when Tq == Tk but not when Tq != Tk: the scores are oriented the wrong way. ") + hint
+    return crash_finding(gettext("attention with q {q_shape}, k/v {k_shape}").format(q_shape=list(p.q.shape), k_shape=list(p.k.shape)), exc,
                   Pitfall.ORIENTATION if shape_err else Pitfall.GENERAL, hint)
 
 
@@ -85,12 +87,12 @@ def _shape_finding(ok: list[Ran]) -> Finding | None:
     want, got = [*q.shape[:-1], v.size(-1)], list(out.shape)
     why = ""
     if got == [*q.shape[:-1], k.size(-2)]:
-        why = " That is the shape of the attention weights: multiply them by v."
+        why = gettext(" That is the shape of the attention weights: multiply them by v.")
     elif got == [*q.shape[:-2], k.size(-2), v.size(-1)]:
-        why = " It has Tk rows instead of Tq: the scores are transposed (use q @ k.transpose(-2, -1))."
+        why = gettext(" It has Tk rows instead of Tq: the scores are transposed (use q @ k.transpose(-2, -1)).")
     elif len(got) == 3 and got[-1] == q.size(1) * q.size(-1):
-        why = " The heads were merged; this function should return per-head outputs [B, H, Tq, d]."
-    return Finding(Pitfall.ORIENTATION, "wrong output shape",
+        why = gettext(" The heads were merged; this function should return per-head outputs [B, H, Tq, d].")
+    return Finding(Pitfall.ORIENTATION, gettext("wrong output shape"),
                    f"for q {list(q.shape)} and k/v {list(k.shape)} it returned {got}, expected {want} = [B, H, Tq, d].{why} "
                    f"{only_for([_where(p) for p, _ in bad], len(bad), len(ok))}".rstrip())
 
@@ -122,7 +124,7 @@ def _name_core(ok: list[Ran], bad: list[int], cores: list[Core], tol: float) -> 
                 fitted[(p.h, p.d)] = fit_scale(out, p)[0]
         fit = Core(lambda d_, h_: fitted[(h_, d_)])
         if all(_fits(fit, *ok[i], 1e-3) for i in bad):
-            named, rest = [(Candidate(fit, "before", False, ((Pitfall.SCALE, "wrong scaling", explain_scales(fitted)),)), bad)], []
+            named, rest = [(Candidate(fit, "before", False, ((Pitfall.SCALE, gettext("wrong scaling"), explain_scales(fitted)),)), bad)], []
     square_only = all(p.q.size(-2) == p.k.size(-2) for p, _ in ok)
     findings = []
     for cand, idx in named:
@@ -130,8 +132,8 @@ def _name_core(ok: list[Ran], bad: list[int], cores: list[Core], tol: float) -> 
             cores[i] = cand.core
         where = only_for([_where(ok[i][0]) for i in idx], len(idx), len(ok))
         for pitfall, title, text in cand.problems:
-            ran = " (It also only ran when Tq == Tk.)" if square_only and cand.core.orient == "kq" else ""
-            findings.append(found(pitfall, title, text + ran, where=where))
+            ran = gettext(" (It also only ran when Tq == Tk.)") if square_only and cand.core.orient == "kq" else ""
+            findings.append(found(pitfall, gettext(title), gettext(text) + ran, where=where))
     return findings, rest
 
 
@@ -150,13 +152,14 @@ def _name_batch_part(ok: list[Ran], rest: list[int], tol: float) -> list[Finding
     for core, problems in CORES[1:]:
         if all(_fits(core, *elements[key], tol) for key in wrong):
             where = only_for([_where(ok[i][0]) for i in sorted({i for i, _ in wrong})], len({i for i, _ in wrong}), len(ok))
-            part = (f" This holds for batch element{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} only; batch "
-                    f"element{'s' if len(right) > 1 else ''} {', '.join(map(str, right))} {'are' if len(right) > 1 else 'is'} "
-                    "right: the code treats the batch elements differently (an index such as [0], or a loop over the batch "
-                    "that does the step for one of them only). Do every step on the whole tensor [B, H, T, d].")
-            return [found(pitfall, f"{title} on part of the batch", text + part, where=where,
-                          fix=f"do the step for the whole batch at once (no [0], no per-element branch): {pitfall.fix}",
-                          fix_zh=f"对整个批次一次完成这一步（不要用 [0]，也不要按元素分支）：{pitfall.entry.fix_zh}")
+            part = (gettext(" This holds for batch element{s} {bad} only; batch element{s2} {right} {verb} right: "
+                            "the code treats the batch elements differently (an index such as [0], or a loop over the batch that does "
+                            "the step for one of them only). Do every step on the whole tensor [B, H, T, d].")
+                    .format(s="s" if len(bad) > 1 else "", bad=", ".join(map(str, bad)), s2="s" if len(right) > 1 else "",
+                            right=", ".join(map(str, right)), verb="are" if len(right) > 1 else "is"))
+            return [found(pitfall, gettext("{title} on part of the batch").format(title=gettext(title)), gettext(text) + part,
+                          where=where, fix=gettext("do the step for the whole batch at once (no [0], no per-element branch): "
+                                                   "{pitfall_fix}").format(pitfall_fix=gettext(pitfall.fix)))
                     for pitfall, title, text in problems]
     return []
 
@@ -170,29 +173,31 @@ def _unnamed_core(fn: Callable, ok: list[Ran], rest: list[int], gen: torch.Gener
         row_sums = first_output(fn(p.q.clone(), p.k.clone(), ones))
         if isinstance(row_sums, torch.Tensor) and row_sums.shape == ones.shape[:-2] + (p.q.size(-2), p.v.size(-1)) \
                 and not torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-4):
-            findings.append(found(Pitfall.ORIENTATION, "weight rows do not sum to one",
-                                  f"{_where(p)} with v = ones the output should be all ones (each query's weights sum to 1); it "
-                                  f"ranges over [{float(row_sums.min()):.3g}, {float(row_sums.max()):.3g}]. Apply softmax over the "
-                                  "last axis (the keys) and nothing after it."))
+            findings.append(found(Pitfall.ORIENTATION, gettext("weight rows do not sum to one"),
+                                  gettext("{where} with v = ones the output should be all ones (each query's weights sum to 1); it "
+                                          "ranges over "
+                                    "[{row_sums_min:.3g}, {row_sums_max:.3g}]. Apply softmax over the last axis (the keys) and nothing "
+                                    "after it.")
+                                        .format(where=_where(p), row_sums_min=float(row_sums.min()), row_sums_max=float(row_sums.max()))))
     except Exception:  # noqa: BLE001
         pass
     perm = torch.randperm(p.k.size(-2), generator=gen)
     try:
         out_p = first_output(fn(p.q.clone(), p.k[..., perm, :].clone(), p.v[..., perm, :].clone()))
         if not is_close(out_p, out, 1e-4):
-            findings.append(found(Pitfall.ORIENTATION, "depends on the order of the keys",
-                                  f"{_where(p)}, shuffling k and v together (the same permutation) changed the output; attention "
-                                  "without a mask treats the keys as a set."))
+            findings.append(found(Pitfall.ORIENTATION, gettext("depends on the order of the keys"),
+                                  gettext("{where}, shuffling k and v together (the same permutation) changed the output; attention "
+                                          "without a "
+                                    "mask treats the keys as a set.").format(where=_where(p))))
     except Exception:  # noqa: BLE001
         pass
     worst = max(max_abs_diff(ok[i][1], reference(ok[i][0], RIGHT)) for i in rest)
     where = only_for([_where(ok[i][0]) for i in rest], len(rest), len(ok))
-    return findings + [found(Pitfall.GENERAL, "output differs from softmax(q kᵀ / sqrt(d)) v",
-                             f"largest difference {worst:.3g} over {len(rest)} random probes, and it is none of the known "
-                             f"mistakes.{' ' + where if where else ''}",
-                             fix="compare your intermediates (scores, weights, output) with tinytf.scaled_dot_product_attention "
-                                 "step by step",
-                             fix_zh="把你的中间结果（分数、权重、输出）与 tinytf.scaled_dot_product_attention 逐步对比")]
+    return findings + [found(Pitfall.GENERAL, gettext("output differs from softmax(q kᵀ / sqrt(d)) v"),
+                             gettext("largest difference {worst:.3g} over {n_rest} random probes, and it is none of the known "
+                                     "mistakes.{value}").format(worst=worst, n_rest=len(rest), value=' ' + where if where else ''),
+                             fix=gettext("compare your intermediates (scores, weights, output) with "
+                                         "tinytf.scaled_dot_product_attention step by step"))]
 
 
 Masked = tuple[int, torch.Tensor]  # (index of the unmasked probe, bool mask)
@@ -213,13 +218,15 @@ def _run_masked(fn: Callable, ok: list[Ran], cores: list[Core], gen: torch.Gener
         try:
             o = first_output(fn(p.q.clone(), p.k.clone(), p.v.clone(), m.clone()))
         except Exception as exc:  # noqa: BLE001
-            return masked, [], [crash_finding(f"attention with a bool mask {list(m.shape)} (q {list(p.q.shape)}, k {list(p.k.shape)})",
-                                       exc, Pitfall.MASK, "fn(q, k, v, mask) must accept a bool mask broadcastable to "
-                                                          "[B, H, Tq, Tk], True = may attend.")]
+            return masked, [], [crash_finding(gettext("attention with a bool mask {m_shape} (q {q_shape}, k {k_shape})")
+                .format(m_shape=list(m.shape), q_shape=list(p.q.shape), k_shape=list(p.k.shape)),
+                                       exc, Pitfall.MASK, gettext("fn(q, k, v, mask) must accept a bool mask broadcastable to "
+                                                          "[B, H, Tq, Tk], True = may attend."))]
         if not isinstance(o, torch.Tensor) or o.shape != p.q.shape[:-1] + (p.v.size(-1),):
             got = list(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
-            return masked, [], [Finding(Pitfall.ORIENTATION, "wrong output shape with a mask",
-                                        f"with mask {list(m.shape)} it returned {got}, expected {[*p.q.shape[:-1], p.v.size(-1)]}.")]
+            return masked, [], [Finding(Pitfall.ORIENTATION, gettext("wrong output shape with a mask"),
+                                        gettext("with mask {m_shape} it returned {got}, expected {value}.")
+                                            .format(m_shape=list(m.shape), got=got, value=[*p.q.shape[:-1], p.v.size(-1)]))]
         outs.append(o)
     return masked, outs, []
 
@@ -256,23 +263,23 @@ def _diagnose_masks(fn: Callable, ok: list[Ran], cores: list[Core], gen: torch.G
 
     nonfinite = [j for j in bad if not torch.isfinite(outs[j]).all()]
     if nonfinite:
-        return [found(Pitfall.MASK, "non-finite output with a mask",
-                      "the output holds NaN or inf although every query may attend to at least one key. Filling blocked "
-                      "*weights* with -inf after the softmax does this.", where=where(nonfinite))]
+        return [found(Pitfall.MASK, gettext("non-finite output with a mask"),
+                      gettext("the output holds NaN or inf although every query may attend to at least one key. Filling blocked "
+                      "*weights* with -inf after the softmax does this."), where=where(nonfinite))]
 
     def hit(c: Candidate, j: int) -> bool:
         i, m = masked[j]
         return _fits(c.core or cores[i], ok[i][0], outs[j], tol, m, c.mask_mode, c.invert)
 
     named, rest = _explain(bad, MASKED, hit)
-    findings = [found(pit, title, text, where=where(idx)) for c, idx in named for pit, title, text in c.problems]
+    findings = [found(pit, gettext(title), gettext(text), where=where(idx)) for c, idx in named for pit, title, text in c.problems]
     if rest and _mask_leaks(fn, ok, masked, outs, rest, tol):
-        findings.append(found(Pitfall.MASK, "blocked keys leak into the output",
-                              "changing k and v at positions the key-padding mask blocks changed the output.", where=where(rest)))
+        findings.append(found(Pitfall.MASK, gettext("blocked keys leak into the output"),
+                              gettext("changing k and v at positions the key-padding mask blocks changed the output."), where=where(rest)))
     elif rest:
-        findings.append(found(Pitfall.MASK, "masked output differs from the reference",
-                              "with a bool mask (True = may attend) the output differs from masked softmax attention, and not in "
-                              "one of the known ways. Compare with tinytf.scaled_dot_product_attention(q, k, v, mask).",
+        findings.append(found(Pitfall.MASK, gettext("masked output differs from the reference"),
+                              gettext("with a bool mask (True = may attend) the output differs from masked softmax attention, and not in "
+                              "one of the known ways. Compare with tinytf.scaled_dot_product_attention(q, k, v, mask)."),
                               where=where(rest)))
     return findings
 
@@ -299,8 +306,8 @@ def diagnose_attention(fn: Callable, *, seeds: Sequence[int] = (0, 1), tol: floa
     if shape is not None:
         return findings + [shape]
     if any(not torch.isfinite(o).all() for _, o in ok):
-        return findings + [Finding(Pitfall.GENERAL, "non-finite output without a mask",
-                                   "the output holds NaN or inf for ordinary random inputs.")]
+        return findings + [Finding(Pitfall.GENERAL, gettext("non-finite output without a mask"),
+                                   gettext("the output holds NaN or inf for ordinary random inputs."))]
     cores = [RIGHT] * len(ok)
     bad = [i for i, (p, o) in enumerate(ok) if not _fits(RIGHT, p, o, tol)]
     if bad:

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..translation import N_, gettext
 from .catalog import Pitfall
 from .probe import max_abs_diff
 
@@ -72,22 +73,25 @@ RIGHT = Core(lambda d, h: 1 / math.sqrt(d))
 
 _SCALES: tuple[tuple[ScaleFn, Problem | None], ...] = (
     (RIGHT.scale, None),
-    (lambda d, h: 1.0, (Pitfall.SCALE, "missing scaling", "the output matches softmax(q kᵀ) v with no scaling: the spread of "
-                                                          "the scores then grows with the head width.")),
-    (lambda d, h: 1 / math.sqrt(h * d), (Pitfall.SCALE, "scaled by the total dim, not the head dim",
-                                         "the output matches a scale of 1/sqrt(H * d_head) = 1/sqrt(D); scale by the width of "
-                                         "one head, q.size(-1).")),
-    (lambda d, h: 1 / d, (Pitfall.SCALE, "scaled by 1/d_head instead of 1/sqrt(d_head)", "the square root is missing.")),
-    (lambda d, h: math.sqrt(d), (Pitfall.SCALE, "multiplied by sqrt(d_head) instead of dividing", "the scale must be 1/sqrt(d_head).")),
+    (lambda d, h: 1.0, (Pitfall.SCALE, N_("missing scaling"), N_("the output matches softmax(q kᵀ) v with no scaling: the spread of "
+                                                          "the scores then grows with the head width."))),
+    (lambda d, h: 1 / math.sqrt(h * d), (Pitfall.SCALE, N_("scaled by the total dim, not the head dim"),
+                                         N_("the output matches a scale of 1/sqrt(H * d_head) = 1/sqrt(D); scale by the width of "
+                                         "one head, q.size(-1)."))),
+    (lambda d, h: 1 / d, (Pitfall.SCALE, N_("scaled by 1/d_head instead of 1/sqrt(d_head)"), N_("the square root is missing."))),
+    (lambda d, h: math.sqrt(d), (Pitfall.SCALE, N_("multiplied by sqrt(d_head) instead of dividing"), N_("the scale must be "
+                                                                                                         "1/sqrt(d_head)."))),
 )
-_TRANSPOSED = "the output matches softmax(k qᵀ) v: the scores are [Tk, Tq], not [Tq, Tk]."
-_QUERY_AXIS = ("the output matches weights normalised over the queries (softmax(dim=-2)); the softmax must run over the keys, "
-               "the last axis, so each query's weights sum to one.")
+_TRANSPOSED = N_("the output matches softmax(k qᵀ) v: the scores are [Tk, Tq], not [Tq, Tk].")
+_QUERY_AXIS = (N_("the output matches weights normalised over the queries (softmax(dim=-2)); the softmax must run over the keys, "
+               "the last axis, so each query's weights sum to one."))
 _ORIENTATIONS: tuple[tuple[str, int, Problem | None], ...] = (
     ("qk", -1, None),
-    ("kq", -1, (Pitfall.ORIENTATION, "transposed scores: k @ qᵀ instead of q @ kᵀ", _TRANSPOSED)),
-    ("qk", -2, (Pitfall.ORIENTATION, "softmax over the query axis: weight rows do not sum to one", _QUERY_AXIS)),
-    ("kq", -2, (Pitfall.ORIENTATION, "transposed scores and softmax over the wrong axis", _TRANSPOSED + " " + _QUERY_AXIS)),
+    ("kq", -1, (Pitfall.ORIENTATION, N_("transposed scores: k @ qᵀ instead of q @ kᵀ"), _TRANSPOSED)),
+    ("qk", -2, (Pitfall.ORIENTATION, N_("softmax over the query axis: weight rows do not sum to one"), _QUERY_AXIS)),
+    ("kq", -2, (Pitfall.ORIENTATION, N_("transposed scores and softmax over the wrong axis"),
+                N_("the output matches softmax(k qᵀ) v: the scores are [Tk, Tq], not [Tq, Tk]. The weights are normalised over the "
+                   "queries (softmax(dim=-2)); the softmax must run over the keys, the last axis, so each query's weights sum to one."))),
 )
 # every wrong core (orientation x scale), in the order they are tried; the first is the right one
 CORES: tuple[tuple[Core, tuple[Problem, ...]], ...] = tuple(
@@ -97,15 +101,15 @@ CORES: tuple[tuple[Core, tuple[Problem, ...]], ...] = tuple(
 
 _M = Pitfall.MASK
 _MASK_MISTAKES: tuple[tuple[str, bool, str, str], ...] = (
-    ("ignored", False, "mask ignored", "the output is the same as without a mask."),
-    ("after", False, "mask applied after the softmax", "the output matches softmax(scores) * mask: blocked weights are zeroed "
-                                                       "afterwards, so the remaining ones no longer sum to one."),
-    ("multiply", False, "mask multiplied into the scores", "blocked scores become 0, not -inf, so exp(0) still gives them weight."),
-    ("before", True, "inverted mask convention", "your code blocks the positions where mask is True. In tinytf (and "
-                                                 "F.scaled_dot_product_attention) a bool mask means True = MAY attend."),
-    ("after", True, "inverted mask convention, applied after the softmax", "True means MAY attend, and the mask must be applied "
-                                                                           "to the scores before the softmax."),
-    ("multiply", True, "inverted mask multiplied into the scores", "True means MAY attend; blocked scores must be -inf, not 0."),
+    ("ignored", False, N_("mask ignored"), N_("the output is the same as without a mask.")),
+    ("after", False, N_("mask applied after the softmax"), N_("the output matches softmax(scores) * mask: blocked weights are zeroed "
+                                                       "afterwards, so the remaining ones no longer sum to one.")),
+    ("multiply", False, N_("mask multiplied into the scores"), N_("blocked scores become 0, not -inf, so exp(0) still gives them weight.")),
+    ("before", True, N_("inverted mask convention"), N_("your code blocks the positions where mask is True. In tinytf (and "
+                                                 "F.scaled_dot_product_attention) a bool mask means True = MAY attend.")),
+    ("after", True, N_("inverted mask convention, applied after the softmax"), N_("True means MAY attend, and the mask must be applied "
+                                                                           "to the scores before the softmax.")),
+    ("multiply", True, N_("inverted mask multiplied into the scores"), N_("True means MAY attend; blocked scores must be -inf, not 0.")),
 )
 # with a mask: first a mask mistake on the probe's own core, then a core mistake that shows only with a mask
 MASKED: tuple[Candidate, ...] = (
@@ -148,11 +152,12 @@ def explain_scales(fitted: dict[tuple[int, int], float]) -> str:
     values = [s_ for _, s_ in found]
     if max(values) - min(values) < 1e-2 * max(values):
         inv_sq = values[0] ** -2
-        named = f" (1/sqrt({round(inv_sq)}))" if abs(inv_sq - round(inv_sq)) < 1e-2 else ""
-        why = (f" The scale is the same constant {values[0]:.4g} for every head width: a hard-coded number{named}; "
-               "compute it from the tensor.")
+        named = gettext(" (1/sqrt({inv_sq}))").format(inv_sq=round(inv_sq)) if abs(inv_sq - round(inv_sq)) < 1e-2 else ""
+        why = (gettext(" The scale is the same constant {values:.4g} for every head width: a hard-coded number{named}; compute it from "
+                       "the tensor.").format(values=values[0], named=named))
     elif max(ratios) - min(ratios) < 1e-2 * max(ratios):
-        why = f" It is {ratios[0]:.4g} x 1/sqrt(d_head): an extra constant factor (scaled q or k, or the scale applied twice?)."
+        why = (gettext(" It is {ratios:.4g} x 1/sqrt(d_head): an extra constant factor (scaled q or k, or the scale applied twice?).")
+            .format(ratios=ratios[0]))
     else:
         why = ""
-    return f"the output matches softmax(q kᵀ · s) v with {table}.{why}"
+    return gettext("the output matches softmax(q kᵀ · s) v with {table}.{why}").format(table=table, why=why)

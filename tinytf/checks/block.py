@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ..translation import _, gettext
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, first_output, only_for, quietly
@@ -53,7 +54,7 @@ def _forward(m: nn.Module, x: torch.Tensor, seed: int, *, grad: bool = True) -> 
 
 
 def _on(xs: Sequence[torch.Tensor], which: Sequence[int]) -> str:
-    return only_for([f"for x {list(xs[i].shape)}" for i in which], len(which), len(xs))
+    return only_for([_("for x {shape}").format(shape=list(xs[i].shape)) for i in which], len(which), len(xs))
 
 
 def _shape_step(m: nn.Module, xs: list[torch.Tensor]) -> tuple[list[Finding], list[torch.Tensor], bool]:
@@ -66,24 +67,26 @@ def _shape_step(m: nn.Module, xs: list[torch.Tensor]) -> tuple[list[Finding], li
             out = _forward(m, x, 0)
         except Exception as exc:  # noqa: BLE001
             shape_err = isinstance(exc, RuntimeError) and ("must match the size" in str(exc) or "size of tensor" in str(exc))
-            hint = ("A residual sum x + branch(x) needs the branch to return [B, T, D]; a widened FFN (D -> 4D) must project "
-                    "back to D before the addition." if shape_err else "")
+            hint = (gettext("A residual sum x + branch(x) needs the branch to return [B, T, D]; a widened FFN (D -> 4D) must project "
+                    "back to D before the addition.") if shape_err else "")
             pitfall = Pitfall.RESIDUAL_SHAPE if shape_err else Pitfall.GENERAL
-            findings.append(crash_finding(f"block on x {list(x.shape)}", exc, pitfall, hint))
+            findings.append(crash_finding(gettext("block on x {x_shape}").format(x_shape=list(x.shape)), exc, pitfall, hint))
             if i == 0 or shape_err:
                 return findings, ran, True
             continue
         if not isinstance(out, torch.Tensor):
-            return [Finding(Pitfall.GENERAL, "block does not return a tensor", f"got {type(out).__name__}; expected [B, T, D].")], ran, True
+            return [Finding(Pitfall.GENERAL, gettext("block does not return a tensor"), gettext("got {type}; expected [B, T, D].")
+                .format(type=type(out).__name__))], ran, True
         ran.append(x)
         if out.shape != x.shape:
             wrong.append((i, list(out.shape)))
     if not wrong:
         return findings, ran, False
     i, got = wrong[0]
-    return [found(Pitfall.RESIDUAL_SHAPE, "output shape differs from the input",
-                  f"x {list(xs[i].shape)} -> {got}. A block maps [B, T, D] -> [B, T, D]: every residual branch (attention, "
-                  "FFN) must end in D features; the FFN's 4D is only its hidden width.", where=_on(xs, [j for j, _ in wrong]))], ran, True
+    return [found(Pitfall.RESIDUAL_SHAPE, gettext("output shape differs from the input"),
+                  gettext("x {shape} -> {got}. A block maps [B, T, D] -> [B, T, D]: every residual branch (attention, FFN) must end in D "
+                          "features; the FFN's 4D is only its hidden width.")
+                              .format(shape=list(xs[i].shape), got=got), where=_on(xs, [j for j, _ in wrong]))], ran, True
 
 
 def _random(m: nn.Module, x: torch.Tensor, tol: float, *, grad: bool) -> bool:
@@ -97,22 +100,22 @@ def _dropout_step(m: nn.Module, xs: list[torch.Tensor], tol: float) -> list[Find
     with_grad = [i for i, x in enumerate(xs) if _random(m, x, tol, grad=True)]
     without = [i for i, x in enumerate(xs) if _random(m, x, tol, grad=False)]
     if with_grad and not without:
-        return [found(Pitfall.TRAIN_EVAL, "dropout switched by autograd, not by eval()",
-                      "in eval() the output is random with gradients enabled but deterministic under torch.no_grad(). "
+        return [found(Pitfall.TRAIN_EVAL, _("dropout switched by autograd, not by eval()"),
+                      _("in eval() the output is random with gradients enabled but deterministic under torch.no_grad(). "
                       "Gate dropout on self.training (nn.Dropout does), not on torch.is_grad_enabled(); "
-                      "no_grad/inference_mode do not replace model.eval().", where=_on(xs, with_grad))]
+                      "no_grad/inference_mode do not replace model.eval()."), where=_on(xs, with_grad))]
     if with_grad or without:
         which = sorted(set(with_grad) | set(without))
-        return [found(Pitfall.TRAIN_EVAL, "dropout stays on in eval()",
-                      "two calls on the same input in eval() gave different outputs; F.dropout defaults to training=True, "
-                      "so pass training=self.training.", where=_on(xs, which))]
+        return [found(Pitfall.TRAIN_EVAL, _("dropout stays on in eval()"),
+                      _("two calls on the same input in eval() gave different outputs; F.dropout defaults to training=True, "
+                      "so pass training=self.training."), where=_on(xs, which))]
     m.train()
     tied = [i for i, x in enumerate(xs) if _random(m, x, tol, grad=True) and not _random(m, x, tol, grad=False)]
     m.eval()
     if tied:
-        return [found(Pitfall.TRAIN_EVAL, "no_grad changes training behaviour",
-                      "in train() the output is random (dropout) with gradients but deterministic under torch.no_grad(). "
-                      "Dropout must follow self.training only.", where=_on(xs, tied))]
+        return [found(Pitfall.TRAIN_EVAL, _("no_grad changes training behaviour"),
+                      _("in train() the output is random (dropout) with gradients but deterministic under torch.no_grad(). "
+                      "Dropout must follow self.training only."), where=_on(xs, tied))]
     return []
 
 
@@ -136,12 +139,12 @@ def _batch_step(factory: Callable[[], nn.Module], m: nn.Module, x: torch.Tensor,
     m.eval()
     if not (mixed or bns):
         return []
-    where = f" It contains {', '.join(bns)}." if bns else ""
-    msg = (f"in {mixed}() the output for sequence 0 changed when only the *other* sequences of the batch changed: the block "
-           "normalises (or mixes) across the batch." if mixed else "the block holds batch-statistics normalisation.")
-    return [found(Pitfall.BATCH_NORM, "normalises across the batch instead of the features",
-                  msg + where + " A Transformer normalises each token's own D features, the same in train and eval, "
-                  "independent of the batch.")]
+    where = _(" It contains {value_join}.").format(value_join=', '.join(bns)) if bns else ""
+    msg = (_("in {mixed}() the output for sequence 0 changed when only the *other* sequences of the batch changed: the block normalises "
+             "(or mixes) across the batch.").format(mixed=mixed) if mixed else _("the block holds batch-statistics normalisation."))
+    return [found(Pitfall.BATCH_NORM, _("normalises across the batch instead of the features"),
+                  msg + where + _(" A Transformer normalises each token's own D features, the same in train and eval, "
+                  "independent of the batch."))]
 
 
 def _leaks(m: nn.Module, x: torch.Tensor, gen: torch.Generator, tol: float) -> set[tuple[int, int]] | None:
@@ -172,11 +175,10 @@ def _leak_step(m: nn.Module, xs: list[torch.Tensor], gen: torch.Generator, tol: 
         if leaks is None and batch_stats:
             continue
         if leaks is None:
-            return [found(Pitfall.CAUSAL_OFF_BY_ONE, "non-finite output",
-                          "the block outputs NaN or inf. A causal mask that blocks the diagonal leaves row 0 with nothing to "
-                          "attend to: softmax over all -inf is NaN.", where=_on(xs, [i]) if len(xs) > 1 else "",
-                          fix="keep the diagonal in the causal mask: ones(T, T).tril() (each token may read itself)",
-                          fix_zh="因果掩码要保留对角线：ones(T, T).tril()（每个 token 都能看到自己）")]
+            return [found(Pitfall.CAUSAL_OFF_BY_ONE, _("non-finite output"),
+                          _("the block outputs NaN or inf. A causal mask that blocks the diagonal leaves row 0 with nothing to "
+                          "attend to: softmax over all -inf is NaN."), where=_on(xs, [i]) if len(xs) > 1 else "",
+                          fix=_("keep the diagonal in the causal mask: ones(T, T).tril() (each token may read itself)"))]
         if leaks:
             per_x[i] = sorted(leaks)
     if not per_x:
@@ -186,15 +188,17 @@ def _leak_step(m: nn.Module, xs: list[torch.Tensor], gen: torch.Generator, tol: 
     where = _on(xs, list(per_x))
     wide_ln = [name for name, sub in m.named_modules() if isinstance(sub, nn.LayerNorm) and len(sub.normalized_shape) > 1]
     if wide_ln:
-        return [found(Pitfall.BATCH_NORM, "LayerNorm over the time axis",
-                      f"{', '.join(wide_ln)} normalise over more than the last axis, so a token's output depends on later "
-                      f"tokens (leaks such as query {leaks[0][0]} <- key {leaks[0][1]}). Use nn.LayerNorm(D).", where=where, fix=False)]
+        return [found(Pitfall.BATCH_NORM, _("LayerNorm over the time axis"),
+                      _("{value_join} normalise over more than the last axis, so a token's output depends on later tokens (leaks such as "
+                        "query {leaks} <- key {leaks2}). Use nn.LayerNorm(D).")
+                            .format(value_join=', '.join(wide_ln), leaks=leaks[0][0], leaks2=leaks[0][1]), where=where, fix=False)]
     reach = max(j - i for i, j in leaks)
-    detail = (" Every position sees exactly one token ahead: an off-by-one causal mask (tril(diagonal=1))."
+    detail = (_(" Every position sees exactly one token ahead: an off-by-one causal mask (tril(diagonal=1)).")
               if reach == 1 and len(leaks) == t - 1 else "")
-    return [found(Pitfall.CAUSAL_OFF_BY_ONE, "future tokens leak into earlier positions",
-                  f"changing token j changed the outputs at positions i < j, e.g. (i, j) = {leaks[:4]} for x {list(xs[first].shape)} "
-                  f"(up to {reach} ahead).{detail} Apply a causal mask (True = may attend) in every attention.", where=where)]
+    return [found(Pitfall.CAUSAL_OFF_BY_ONE, _("future tokens leak into earlier positions"),
+                  _("changing token j changed the outputs at positions i < j, e.g. (i, j) = {leaks} for x {shape} (up to {reach} "
+                    "ahead).{detail} Apply a causal mask (True = may attend) in every attention.")
+                        .format(leaks=leaks[:4], shape=list(xs[first].shape), reach=reach, detail=detail), where=where)]
 
 
 @quietly
@@ -220,11 +224,11 @@ def diagnose_block(factory: Callable[[], nn.Module], *, dim: int | None = None, 
     except Exception as exc:  # noqa: BLE001
         return [crash_finding("factory()", exc)]
     if not isinstance(m, nn.Module):
-        return [Finding(Pitfall.GENERAL, "factory() did not return an nn.Module", f"got {type(m).__name__}.")]
+        return [Finding(Pitfall.GENERAL, _("factory() did not return an nn.Module"), _("got {type}.").format(type=type(m).__name__))]
     d = dim if dim is not None else _infer_dim(m)
     if d is None:
-        return [found(Pitfall.GENERAL, "cannot infer the model width D", "no dim-like attribute, LayerNorm or Linear found.",
-                      fix="call diagnose_block(factory, dim=D)", fix_zh="调用 diagnose_block(factory, dim=D)")]
+        return [found(Pitfall.GENERAL, _("cannot infer the model width D"), _("no dim-like attribute, LayerNorm or Linear found."),
+                      fix=_("call diagnose_block(factory, dim=D)"))]
     limit = _max_len(m)
     t = min(tokens, limit) if limit else tokens
     p = next(m.parameters(), None)

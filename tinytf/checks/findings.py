@@ -8,9 +8,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ..translation import _, ngettext
 from .catalog import Pitfall
 
-__all__ = ["Finding", "report", "found", "relation", "tensor_relation", "shape_relation"]
+__all__ = ["Finding", "report", "found", "fix_sentence", "split_fix", "relation", "tensor_relation", "shape_relation"]
+
+
+def fix_sentence(fix: str, lang: str | None = None) -> str:
+    """`` Fix: <fix>.`` in ``lang`` (the running notebook's by default), backticks dropped: how a message ends."""
+    return _(" Fix: {fix}.", lang).format(fix=fix.replace("`", ""))
+
+
+def split_fix(message: str) -> tuple[str, str]:
+    """``(evidence, fix)``: a finding's message cut where its fix sentence begins (in either language)."""
+    for lang in ("en", "zh"):
+        mark = _(" Fix: {fix}.", lang).split("{fix}", 1)[0]
+        if mark in message:
+            evidence, fix = message.split(mark, 1)
+            return evidence, fix
+    return message, ""
 
 
 @dataclass(frozen=True)
@@ -18,43 +34,42 @@ class Finding:
     """One diagnosed problem: ``pitfall`` (a :class:`Pitfall`; ``Pitfall.GENERAL`` = none of the
     named pitfalls), a short ``title`` and a ``message`` that explains the evidence and the fix.
 
-    ``fix`` (and its Chinese ``fix_zh``) is this finding's own one-line fix, printed instead of the
-    catalog's fix for ``pitfall`` where the catalog's would be wrong for what was found; empty = the
-    catalog's fix is the fallback."""
+    ``fix`` is this finding's own one-line fix, printed instead of the catalog's fix for ``pitfall`` where
+    the catalog's would be wrong for what was found; empty = the catalog's fix is the fallback. Title,
+    message and fix are said in the language of the notebook that ran the diagnosis (:mod:`tinytf.translation`:
+    the caller wraps them in ``_()``, the Chinese lives in the one catalog)."""
 
     pitfall: Pitfall
     title: str
     message: str
     fix: str = ""
-    fix_zh: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pitfall", Pitfall(self.pitfall))  # a plain int from JSON becomes its name
 
     def __str__(self) -> str:
-        tag = f"pitfall {int(self.pitfall)}" if self.pitfall else "problem"
+        tag = _("pitfall {number}").format(number=int(self.pitfall)) if self.pitfall else _("problem")
         return f"[{tag}] {self.title}: {self.text}"
 
     @property
     def text(self) -> str:
         """The message, ending with this finding's own fix when it has one the message does not state yet."""
-        if self.fix and " Fix: " not in self.message:
-            return f"{self.message} Fix: {self.fix.replace('`', '')}."
+        if self.fix and not split_fix(self.message)[1]:
+            return self.message + fix_sentence(self.fix)
         return self.message
 
 
-def found(pitfall: Pitfall, title: str, evidence: str, *, where: str = "", fix: bool | str = True,
-          fix_zh: str = "") -> Finding:
+def found(pitfall: Pitfall, title: str, evidence: str, *, where: str = "", fix: bool | str = True) -> Finding:
     """A finding whose message is ``evidence``, then ``where`` (the inputs that show it), then the fix:
-    ``fix`` when it is a string (this finding's own, with its Chinese ``fix_zh``), else the catalog's
+    ``fix`` when it is a string (this finding's own, already translated: ``fix=_("...")``), else the catalog's
     one-line fix for ``pitfall`` (the single source of that wording; none with ``fix=False``)."""
     message = evidence.rstrip()
     if where:
         message += " " + where
     if isinstance(fix, str):
-        return Finding(pitfall, title, message + f" Fix: {fix.replace('`', '')}.", fix=fix, fix_zh=fix_zh)
+        return Finding(pitfall, title, message + fix_sentence(fix), fix=fix)
     if fix and pitfall is not Pitfall.GENERAL:
-        message += f" Fix: {pitfall.fix.replace('`', '')}."
+        message += fix_sentence(_(pitfall.fix))
     return Finding(pitfall, title, message)
 
 
@@ -63,8 +78,9 @@ def report(findings: Iterable[Finding], *, name: str | None = None) -> str:
     findings = list(findings)
     head = f"{name}: " if name else ""
     if not findings:
-        return f"{head}OK - no problems found."
-    lines = [f"{head}{len(findings)} problem{'s' if len(findings) > 1 else ''} found:"]
+        return head + _("OK - no problems found.")
+    n = len(findings)
+    lines = [head + ngettext("{n} problem found:", "{n} problems found:", n).format(n=n)]
     for f in findings:
         tag = f.pitfall.label()
         lines.append(f"  x [{tag}] {f.title}")
@@ -74,19 +90,20 @@ def report(findings: Iterable[Finding], *, name: str | None = None) -> str:
 
 def _times(r: float) -> str:
     """``r`` (a clean ratio of a wrong value to the right one) in words: "exactly half the right value"."""
-    named = {2.0: "exactly twice the right value", 0.5: "exactly half the right value"}
-    if r in named:
-        return named[r]
+    if r == 2.0:
+        return _("exactly twice the right value")
+    if r == 0.5:
+        return _("exactly half the right value")
     frac = Fraction(r).limit_denominator(64)
     if float(frac) == r:
         if frac.denominator == 1:
-            return f"exactly {frac.numerator}× the right value"
-        return f"exactly {frac.numerator}/{frac.denominator} of the right value"
+            return _("exactly {n}× the right value").format(n=frac.numerator)
+        return _("exactly {num}/{den} of the right value").format(num=frac.numerator, den=frac.denominator)
     square = Fraction(r * r).limit_denominator(64)
     if math.isclose(float(square), r * r, rel_tol=1e-6):
         root = square.numerator if square.denominator == 1 else square.denominator
-        return (f"exactly sqrt({root}) = {math.sqrt(root):.3g}× the right value" if square.denominator == 1
-                else f"exactly 1/sqrt({root}) = 1/{math.sqrt(root):.3g} of the right value")
+        return (_("exactly sqrt({root}) = {value:.3g}× the right value") if square.denominator == 1
+                else _("exactly 1/sqrt({root}) = 1/{value:.3g} of the right value")).format(root=root, value=math.sqrt(root))
     return ""
 
 
@@ -110,8 +127,9 @@ def relation(got: float, want: float, *, suspects: Mapping[str, float] | None = 
              step: tuple[str, float] | None = None, tol: float = 1e-9) -> str:
     """How a wrong number ``got`` relates to the right one ``want``, in words; ``""`` when no clean relation.
 
-    - one ``step`` more or less (``step = (name, size)``, default one unit, size 0: none): "one tile more than the right value";
-    - a ratio ``got / want`` that one of ``suspects`` (``{what it means: ratio}``) predicts:
+    - one ``step`` more or less (``step = (name, size)``, default one unit, size 0: none; ``name`` translated by the
+      caller): "one tile more than the right value";
+    - a ratio ``got / want`` that one of ``suspects`` (``{what it means (translated): ratio}``) predicts:
       "exactly half the right value: dtype_bytes=4 looks ignored";
     - else a clean ratio (×2, ÷2, 3/4, sqrt(8), …): "exactly 1/sqrt(8) = 1/2.83 of the right value".
     """
@@ -119,12 +137,15 @@ def relation(got: float, want: float, *, suspects: Mapping[str, float] | None = 
         return ""
     name, size = step or ("", 1.0)
     if size and math.isclose(abs(got - want), size, rel_tol=tol, abs_tol=tol):
-        more = "more" if got > want else "less"
-        return f"one {name} {more} than the right value (off by one)".replace("  ", " ")
+        if name:
+            return (_("one {name} more than the right value (off by one)") if got > want
+                    else _("one {name} less than the right value (off by one)")).format(name=name)
+        return _("one more than the right value (off by one)") if got > want else _("one less than the right value (off by one)")
     r = got / want
     for meaning, ratio in (suspects or {}).items():
         if ratio and math.isclose(r, ratio, rel_tol=max(tol, 1e-12)):
-            return f"{_times(_clean(r, max(tol, 1e-12)) or r) or f'{r:.4g}× the right value'}: {meaning}"
+            times = _times(_clean(r, max(tol, 1e-12)) or r) or _("{ratio:.4g}× the right value").format(ratio=r)
+            return _("{times}: {meaning}").format(times=times, meaning=meaning)
     clean = _clean(r, max(tol, 1e-12))
     return _times(clean) if clean not in (None, 1.0) else ""  # 1: the same value to rounding, nothing to name
 
@@ -152,5 +173,10 @@ def shape_relation(got: Sequence[int], want: Sequence[int], names: Sequence[str]
     if len(got) != len(want) or len(offs) != 1 or abs(offs[0][1] - offs[0][2]) != 1:
         return ""
     (i, g, w), = offs
-    label = f" ({names[i]})" if i < len(names) else ""
-    return f"dim {i}{label} has one {'more' if g > w else 'less'} ({g}) than it should ({w})"
+    if i < len(names):
+        said = (_("dim {i} ({name}) has one more ({got}) than it should ({want})") if g > w
+                else _("dim {i} ({name}) has one less ({got}) than it should ({want})"))
+    else:
+        said = (_("dim {i} has one more ({got}) than it should ({want})") if g > w
+                else _("dim {i} has one less ({got}) than it should ({want})"))
+    return said.format(i=i, name=names[i] if i < len(names) else "", got=g, want=w)

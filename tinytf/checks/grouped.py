@@ -20,6 +20,7 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..grouped import kv_head_of, repeat_kv
+from ..translation import gettext
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, first_output, is_close, max_abs_diff, only_for, quietly
@@ -39,7 +40,8 @@ class Shape(NamedTuple):
     dv: int
 
     def where(self) -> str:
-        return f"for heads={self.heads}, kv_heads={self.kv_heads} (q [{self.b}, {self.heads}, {self.t_q}, {self.d}])"
+        return (gettext("for heads={heads}, kv_heads={kv_heads} (q [{b}, {heads}, {t_q}, {d}])")
+            .format(heads=self.heads, kv_heads=self.kv_heads, b=self.b, t_q=self.t_q, d=self.d))
 
 
 # Tq != Tk, B > 1, kv_heads strictly inside (1, heads) first, then multi-query and multi-head
@@ -75,13 +77,13 @@ def _name_mapping(got: list[int | None], s: Shape) -> tuple[str, str] | None:
     if got == right:
         return None
     if got == tile:
-        return ("query heads read K/V heads in the order of repeat, not repeat_interleave",
-                f"query heads 0..{s.heads - 1} read K/V heads {got} (tile: h % kv_heads, what kv.repeat(1, groups, 1, 1) "
-                f"gives); grouped-query attention gives consecutive query heads one K/V head: {right} (h // groups). "
-                "The shapes are right and the outputs silently differ.")
-    return ("query heads read the wrong K/V heads",
-            f"query heads 0..{s.heads - 1} read K/V heads {['?' if g is None else g for g in got]} (measured; ? = none of "
-            f"them exactly); they should read {right} (h // groups).")
+        return (gettext("query heads read K/V heads in the order of repeat, not repeat_interleave"),
+                gettext("query heads 0..{value} read K/V heads {got} (tile: h % kv_heads, what kv.repeat(1, groups, 1, 1) gives); "
+                  "grouped-query attention gives consecutive query heads one K/V head: {right} (h // groups). The shapes are right and "
+                  "the outputs silently differ.").format(value=s.heads - 1, got=got, right=right))
+    return (gettext("query heads read the wrong K/V heads"),
+            gettext("query heads 0..{value} read K/V heads {value2} (measured; ? = none of them exactly); they should read {right} (h // "
+              "groups).").format(value=s.heads - 1, value2=['?' if g is None else g for g in got], right=right))
 
 
 def _named(bad: list[tuple[Shape, tuple[str, str]]], n_total: int) -> list[Finding]:
@@ -90,9 +92,10 @@ def _named(bad: list[tuple[Shape, tuple[str, str]]], n_total: int) -> list[Findi
     for title in dict.fromkeys(t for _, (t, _) in bad):
         shapes = [s for s, (t, _) in bad if t == title]
         evidence = next(e for s, (t, e) in bad if t == title)
-        where = only_for([s.where() for s in shapes], len(shapes), n_total) or f"Seen {shapes[0].where()}."
+        where = (only_for([s.where() for s in shapes], len(shapes), n_total)
+                 or gettext("Seen {where}.").format(where=shapes[0].where()))
         if len(shapes) < n_total:
-            where += " Multi-query (kv_heads = 1) and multi-head (kv_heads = heads) cannot show it: both orders agree there."
+            where += gettext(" Multi-query (kv_heads = 1) and multi-head (kv_heads = heads) cannot show it: both orders agree there.")
         out.append(found(_GROUPING, title, evidence, where=where))
     return out
 
@@ -108,14 +111,14 @@ def diagnose_expand_kv(fn: Callable) -> list[Finding]:
         try:
             out = fn(kv.clone(), s.heads)
         except Exception as exc:  # noqa: BLE001 - student code may raise anything
-            return [crash_finding(f"expand_kv {s.where()}", exc)]
+            return [crash_finding(gettext("expand_kv {s_where}").format(s_where=s.where()), exc)]
         want = (s.b, s.heads, s.t_k, s.d)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
             got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            return [found(Pitfall.GENERAL, "expand_kv returns the wrong shape", f"expected [B, heads, T, d] = {list(want)}, got {got} "
-                          f"{s.where()}.",
-                          fix="repeat along the head axis: kv.repeat_interleave(heads // kv_heads, dim=1), not the time axis",
-                          fix_zh="沿头的维度重复：kv.repeat_interleave(heads // kv_heads, dim=1)，而不是时间维度")]
+            return [found(Pitfall.GENERAL, gettext("expand_kv returns the wrong shape"),
+                          gettext("expected [B, heads, T, d] = {want}, got {got} {s_where}.").format(want=list(want), got=got,
+                                                                                                       s_where=s.where()),
+                          fix=gettext("repeat along the head axis: kv.repeat_interleave(heads // kv_heads, dim=1), not the time axis"))]
         named = _name_mapping(_read_mapping(out, kv), s)
         if named:
             bad.append((s, named))
@@ -130,10 +133,10 @@ def _grouping_probe(fn: Callable, s: Shape, gen: torch.Generator) -> tuple[str, 
     want = _reference(q, k, v)
     if not isinstance(out, torch.Tensor) or out.shape != want.shape:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return found(Pitfall.GENERAL, "grouped attention returns the wrong shape",
-                     f"expected [B, H, Tq, dv] = {list(want.shape)}, got {got} {s.where()}.",
-                     fix="expand k and v to the H query heads first, so every query head gets an output",
-                     fix_zh="先把 k 和 v 扩展到 H 个查询头，让每个查询头都有输出")
+        return found(Pitfall.GENERAL, gettext("grouped attention returns the wrong shape"),
+                     gettext("expected [B, H, Tq, dv] = {want_shape}, got {got} {s_where}.")
+                     .format(want_shape=list(want.shape), got=got, s_where=s.where()),
+                     fix=gettext("expand k and v to the H query heads first, so every query head gets an output"))
     if is_close(out, want):
         return None
     labels = torch.arange(1.0, s.kv_heads + 1).view(1, -1, 1, 1).expand(s.b, -1, s.t_k, s.dv)  # v = g + 1 on K/V head g
@@ -143,12 +146,13 @@ def _grouping_probe(fn: Callable, s: Shape, gen: torch.Generator) -> tuple[str, 
     if named:
         return named
     if is_close(out, _reference(q, k, v, scale=1.0)):
-        return found(Pitfall.SCALE, "the scores are not scaled", "each query head reads the right K/V head, but the scores "
-                     "miss the 1/sqrt(d) factor.", where=f"Seen {s.where()}.")
-    return found(Pitfall.GENERAL, "grouped attention differs from the reference",
-                 f"each query head reads the right K/V head (h // groups), yet the output differs by up to "
-                 f"{max_abs_diff(out, want):.3g} {s.where()}.",
-                 fix="compare softmax(q kᵀ / sqrt(d)) v head by head", fix_zh="逐个头对比 softmax(q kᵀ / sqrt(d)) v")
+        return found(Pitfall.SCALE, gettext("the scores are not scaled"),
+                     gettext("each query head reads the right K/V head, but the scores miss the 1/sqrt(d) factor."),
+                     where=gettext("Seen {s_where}.").format(s_where=s.where()))
+    return found(Pitfall.GENERAL, gettext("grouped attention differs from the reference"),
+                 gettext("each query head reads the right K/V head (h // groups), yet the output differs by up to {max_abs_diff:.3g} "
+                         "{s_where}.").format(max_abs_diff=max_abs_diff(out, want), s_where=s.where()),
+                 fix=gettext("compare softmax(q kᵀ / sqrt(d)) v head by head"))
 
 
 @quietly
@@ -163,7 +167,8 @@ def diagnose_kv_grouping(fn: Callable) -> list[Finding]:
         try:
             res = _grouping_probe(fn, s, gen)
         except Exception as exc:  # noqa: BLE001
-            return [crash_finding(f"grouped attention {s.where()}", exc, hint="k and v have kv_heads heads, q has H.")]
+            return [crash_finding(gettext("grouped attention {s_where}")
+                .format(s_where=s.where()), exc, hint=gettext("k and v have kv_heads heads, q has H."))]
         if isinstance(res, Finding):
             return [res]
         if res is not None:

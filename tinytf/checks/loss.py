@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ..translation import _
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, only_for, quietly
@@ -43,10 +44,10 @@ def _lm_batch(gen: torch.Generator, vocab: int, pad: int, lengths: Sequence[int]
 
 
 def _cases(gen: torch.Generator, vocab: int) -> list[Case]:
-    spec = ((0, (6, 4, 3), (False,) * 3, 6, "the right-padded batch (pad_id=0, T=6)"),
-            (0, (5, 6, 2), (True,) * 3, 6, "the left-padded batch (pad_id=0, T=6)"),
-            (vocab - 1, (9, 7, 3), (False, True, False), 9, f"the mixed-padding batch (pad_id={vocab - 1}, T=9)"),
-            (0, (6, 6), (False,) * 2, 6, "the batch without padding (T=6)"))
+    spec = ((0, (6, 4, 3), (False,) * 3, 6, _("the right-padded batch (pad_id=0, T=6)")),
+            (0, (5, 6, 2), (True,) * 3, 6, _("the left-padded batch (pad_id=0, T=6)")),
+            (vocab - 1, (9, 7, 3), (False, True, False), 9, _("the mixed-padding batch (pad_id={value}, T=9)").format(value=vocab - 1)),
+            (0, (6, 6), (False,) * 2, 6, _("the batch without padding (T=6)")))
     return [Case(*_lm_batch(gen, vocab, pad, lengths, t, left), pad, desc) for pad, lengths, left, t, desc in spec]
 
 
@@ -62,21 +63,20 @@ def _base_losses(fn: Callable, cases: list[Case]) -> tuple[list[torch.Tensor], l
         try:
             loss = fn(lg, c.ids.clone(), pad_id=c.pad)
         except Exception as exc:  # noqa: BLE001
-            hint = ("The loss is called as fn(logits, ids, pad_id=PAD), the signature of tinytf.lm_loss."
+            hint = (_("The loss is called as fn(logits, ids, pad_id=PAD), the signature of tinytf.lm_loss.")
                     if isinstance(exc, TypeError) and "pad_id" in str(exc) else "")
-            return [], [crash_finding(f"loss on logits {list(c.logits.shape)}, ids {list(c.ids.shape)}", exc, Pitfall.GENERAL, hint)]
+            return [], [crash_finding(_("loss on logits {logits_shape}, ids {ids_shape}")
+                .format(logits_shape=list(c.logits.shape), ids_shape=list(c.ids.shape)), exc, Pitfall.GENERAL, hint)]
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            got = f"shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-            return [], [found(Pitfall.GENERAL, "loss is not a scalar tensor", f"got {got}.",
-                              fix="return a 0-d tensor: the mean over the real target tokens",
-                              fix_zh="返回 0 维张量：对真实目标 token 取平均")]
+            got = _("shape {loss_shape}").format(loss_shape=list(loss.shape)) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            return [], [found(Pitfall.GENERAL, _("loss is not a scalar tensor"), _("got {got}.").format(got=got),
+                              fix=_("return a 0-d tensor: the mean over the real target tokens"))]
         if not loss.requires_grad:
-            return [], [found(Pitfall.GENERAL, "loss is detached from the logits",
-                              "it does not require grad, so backward() cannot train the model.",
-                              fix="do not call .item(), .detach() or torch.tensor(...) on it",
-                              fix_zh="不要对它调用 .item()、.detach() 或 torch.tensor(...)")]
+            return [], [found(Pitfall.GENERAL, _("loss is detached from the logits"),
+                              _("it does not require grad, so backward() cannot train the model."),
+                              fix=_("do not call .item(), .detach() or torch.tensor(...) on it"))]
         if not torch.isfinite(loss):
-            return [], [Finding(Pitfall.GENERAL, "non-finite loss", f"got {float(loss)} on ordinary random logits.")]
+            return [], [Finding(Pitfall.GENERAL, _("non-finite loss"), _("got {loss} on ordinary random logits.").format(loss=float(loss)))]
         base.append(loss.detach())
     return base, []
 
@@ -101,17 +101,17 @@ def _shift_step(call: Callable, cases: list[Case], base: list[torch.Tensor], gen
             backwards.append(n)
         elif uses_last or uses_first_id:
             unshifted.append(n)
-            evidence |= {"it depends on the logits at the last position (which have no next token)"} if uses_last else set()
-            evidence |= {"it depends on the first token (which nothing predicts)"} if uses_first_id else set()
+            evidence |= {_("it depends on the logits at the last position (which have no next token)")} if uses_last else set()
+            evidence |= {_("it depends on the first token (which nothing predicts)")} if uses_first_id else set()
     findings = []
     if backwards:
-        findings.append(found(Pitfall.UNSHIFTED_TARGETS, "targets shifted the wrong way",
-                              "the loss ignores the first position's logits and uses the last one's: logits[:, 1:] were paired "
-                              "with ids[:, :-1]. Position t predicts token t+1.", where=_where(cases, backwards)))
+        findings.append(found(Pitfall.UNSHIFTED_TARGETS, _("targets shifted the wrong way"),
+                              _("the loss ignores the first position's logits and uses the last one's: logits[:, 1:] were paired "
+                              "with ids[:, :-1]. Position t predicts token t+1."), where=_where(cases, backwards)))
     if unshifted:
-        findings.append(found(Pitfall.UNSHIFTED_TARGETS, "targets not shifted",
-                              " and ".join(sorted(evidence, reverse=True)).capitalize() + ": each position is scored against "
-                              "its own input token, which it can see.", where=_where(cases, unshifted)))
+        findings.append(found(Pitfall.UNSHIFTED_TARGETS, _("targets not shifted"),
+                              " and ".join(sorted(evidence, reverse=True)).capitalize() + _(": each position is scored against "
+                              "its own input token, which it can see."), where=_where(cases, unshifted)))
     return findings
 
 
@@ -127,9 +127,9 @@ def _pad_step(call: Callable, cases: list[Case], base: list[torch.Tensor], gen: 
         if not torch.allclose(call(lg, c.ids, c.pad), loss, atol=tol):
             scored.append(n)
     if scored:
-        return [found(Pitfall.PADDING_IN_LOSS, "padding tokens counted in the loss",
-                      "changing the logits at positions whose target is padding changed the loss, so pad targets are scored "
-                      "(mask by target != pad_id, not by the input token).", where=_where(cases, scored))]
+        return [found(Pitfall.PADDING_IN_LOSS, _("padding tokens counted in the loss"),
+                      _("changing the logits at positions whose target is padding changed the loss, so pad targets are scored "
+                      "(mask by target != pad_id, not by the input token)."), where=_where(cases, scored))]
     denom = []
     for n, (c, loss) in enumerate(zip(cases, base)):
         extra = 3
@@ -141,10 +141,10 @@ def _pad_step(call: Callable, cases: list[Case], base: list[torch.Tensor], gen: 
         except Exception:  # noqa: BLE001
             pass
     if denom:
-        return [found(Pitfall.PADDING_IN_LOSS, "padding in the denominator",
-                      "appending padding columns (no new real tokens) changed the loss: the sum over real tokens is divided by "
+        return [found(Pitfall.PADDING_IN_LOSS, _("padding in the denominator"),
+                      _("appending padding columns (no new real tokens) changed the loss: the sum over real tokens is divided by "
                       "all positions, pads included. cross_entropy(..., ignore_index=pad_id) with reduction='mean' divides by "
-                      "the real target tokens ((target != pad_id).sum()).", where=_where(cases, denom))]
+                      "the real target tokens ((target != pad_id).sum())."), where=_where(cases, denom))]
     return []
 
 
@@ -175,9 +175,9 @@ def diagnose_lm_loss(fn: Callable, *, vocab: int = 11, tol: float = 1e-5) -> lis
     diffs = [abs(float(loss) - float(_reference_lm_loss(c.logits, c.ids, c.pad))) for c, loss in zip(cases, base)]
     off = [n for n, diff in enumerate(diffs) if diff > 1e-4]
     if off:
-        findings.append(Finding(Pitfall.GENERAL, "loss differs from the mean next-token cross-entropy",
-                                f"it is off by up to {max(diffs):.3g} from cross_entropy(logits[:, :-1], ids[:, 1:], "
-                                "ignore_index=pad_id) (mean over real target tokens), though shift and padding look right. Check "
-                                "the reduction (sum vs mean, per sequence vs per token) and the axes passed to cross_entropy. "
+        findings.append(Finding(Pitfall.GENERAL, _("loss differs from the mean next-token cross-entropy"),
+                                _("it is off by up to {max:.3g} from cross_entropy(logits[:, :-1], ids[:, 1:], ignore_index=pad_id) "
+                                  "(mean over real target tokens), though shift and padding look right. Check the reduction (sum vs "
+                                  "mean, per sequence vs per token) and the axes passed to cross_entropy. ").format(max=max(diffs))
                                 + _where(cases, off)))
     return findings

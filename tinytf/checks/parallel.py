@@ -22,6 +22,7 @@ import torch
 from ..attention import scaled_dot_product_attention
 from ..parallel import shard_qkv
 from ..ring import Layout, unshard_sequence
+from ..translation import N_, _
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, quietly
@@ -42,23 +43,27 @@ def diagnose_qkv_split(fn: Callable[..., torch.Tensor]) -> list[Finding]:
     for world, heads, kv, d in _PROBES:
         w = torch.randn((heads + 2 * kv) * d, 6)
         for rank in range(world):
-            where = f"for rank {rank} of P={world}, heads={heads}, kv_heads={kv}, d_head={d} (weight {list(w.shape)})"
+            where = (_("for rank {rank} of P={world}, heads={heads}, kv_heads={kv}, d_head={d} (weight {w_shape})")
+                .format(rank=rank, world=world, heads=heads, kv=kv, d=d, w_shape=list(w.shape)))
             try:
                 got = fn(w, rank, world, heads, kv)
             except Exception as exc:  # noqa: BLE001 - student code may raise anything
-                return [crash_finding(f"the split {where}", exc)]
+                return [crash_finding(_("the split {where}").format(where=where), exc)]
             right = shard_qkv(w, rank, world, heads, kv)
             if isinstance(got, torch.Tensor) and _close(got, right, 0):
                 continue
             if isinstance(got, torch.Tensor) and _close(got, w.chunk(world)[rank], 0):
-                return [found(Pitfall.QKV_SPLIT_ONE_PIECE, "the fused QKV weight was cut in one piece",
-                              f"rank {rank} got rows {rank * w.size(0) // world}…{(rank + 1) * w.size(0) // world - 1} of "
-                              "[W_q; W_k; W_v]: the Q rows of some heads and the K rows of others.", where=where)]
+                return [found(Pitfall.QKV_SPLIT_ONE_PIECE, _("the fused QKV weight was cut in one piece"),
+                              _("rank {rank} got rows {first}…{last} of [W_q; W_k; W_v]: the Q rows of some heads and the K rows of "
+                                "others.").format(rank=rank, first=rank * w.size(0) // world, last=(rank + 1) * w.size(0) // world - 1),
+                              where=where)]
             shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            return [Finding(Pitfall.GENERAL, "not rank r's rows of W_q, W_k and W_v",
-                            f"{where}: got {shape}, expected {list(right.shape)}: the W_q rows of heads "
-                            f"{rank * heads // world}…{(rank + 1) * heads // world - 1}, then the W_k and W_v rows of K/V heads "
-                            f"{rank * kv // world}…{(rank + 1) * kv // world - 1}.")]
+            return [Finding(Pitfall.GENERAL, _("not rank r's rows of W_q, W_k and W_v"),
+                            _("{where}: got {shape}, expected {right_shape}: the W_q rows of heads {value}…{value2}, then the W_k and "
+                              "W_v rows of K/V heads {value3}…{value4}.")
+                                  .format(where=where, shape=shape, right_shape=list(right.shape), value=rank * heads // world,
+                                      value2=(rank + 1) * heads // world - 1, value3=rank * kv // world,
+                                      value4=(rank + 1) * kv // world - 1))]
     return []
 
 
@@ -76,29 +81,30 @@ def diagnose_row_parallel(outputs: Sequence[torch.Tensor], reference: torch.Tens
     agree = all(_close(o, outputs[0]) for o in outputs)
     offsets = (0,) if bias is None else (0, extra, -bias)  # the bias once per rank, P times, or not at all
     if not agree and any(_close(sum(outputs) - e, reference) for e in offsets):
-        return [found(Pitfall.FORGOTTEN_ALL_REDUCE, "each rank holds a partial sum",
-                      f"the {world} ranks' outputs differ, and their sum is the single-process output: the row-parallel "
-                      "layer's all-reduce is missing.")]
+        return [found(Pitfall.FORGOTTEN_ALL_REDUCE, _("each rank holds a partial sum"),
+                      _("the {world} ranks' outputs differ, and their sum is the single-process output: the row-parallel layer's "
+                        "all-reduce is missing.").format(world=world))]
     if agree and bias is not None and _close(outputs[0] - extra, reference):
-        return [found(Pitfall.BIAS_BEFORE_ALL_REDUCE, f"the bias is added {world} times",
-                      f"every rank's output is the reference plus (P - 1) = {world - 1} biases: each rank added the bias "
-                      "before the all-reduce summed them.")]
+        return [found(Pitfall.BIAS_BEFORE_ALL_REDUCE, _("the bias is added {world} times").format(world=world),
+                      _("every rank's output is the reference plus (P - 1) = {value} biases: each rank added the bias before the "
+                        "all-reduce summed them.").format(value=world - 1))]
     worst = max((o - reference).abs().max().item() for o in outputs)
-    return [found(Pitfall.GENERAL, "the tensor-parallel output is wrong",
-                  f"ranks {bad} differ from the single-process output (max |difference| {worst:.2e}), and neither a partial "
-                  "sum nor extra biases explain it.",
-                  fix="check how the weights were split (diagnose_qkv_split)", fix_zh="检查权重是如何切分的（diagnose_qkv_split）")]
+    return [found(Pitfall.GENERAL, _("the tensor-parallel output is wrong"),
+                  _("ranks {bad} differ from the single-process output (max |difference| {worst:.2e}), and neither a partial "
+                    "sum nor extra biases explain it.").format(bad=bad, worst=worst),
+                  fix=_("check how the weights were split (diagnose_qkv_split)"))]
 
 
-def diagnose_replicated(tensors: Sequence[torch.Tensor], what: str = "the activation") -> list[Finding]:
+def diagnose_replicated(tensors: Sequence[torch.Tensor], what: str = N_("the activation")) -> list[Finding]:
     """``tensors[r]``: what rank ``r`` holds of a tensor that every rank should hold identically. Names
     ``DROPOUT_RNG_UNSYNCED`` when they differ."""
     diff = max((t - tensors[0]).abs().max().item() for t in tensors)
     if diff == 0:
         return []
-    return [found(Pitfall.DROPOUT_RNG_UNSYNCED, "replicated activations differ between ranks",
-                  f"{what} should be the same on all {len(tensors)} ranks but differs by up to {diff:.2e}: a random operation "
-                  "(dropout on the residual branch) drew different numbers on different ranks.")]
+    return [found(Pitfall.DROPOUT_RNG_UNSYNCED, _("replicated activations differ between ranks"),
+                  _("{what} should be the same on all {n_tensors} ranks but differs by up to {diff:.2e}: a random operation (dropout on "
+                    "the residual branch) drew different numbers on different ranks.")
+                        .format(what=_(what), n_tensors=len(tensors), diff=diff))]
 
 
 def _local_offset_mask(layout: Layout, t: int) -> torch.Tensor:
@@ -122,10 +128,10 @@ def diagnose_ring_attention(outputs: Sequence[torch.Tensor], q: torch.Tensor, k:
         return []
     local = scaled_dot_product_attention(q, k, v, _local_offset_mask(layout, q.size(-2)).to(q.device))
     if _close(got, local):
-        return [found(Pitfall.RING_LOCAL_OFFSET, "the causal mask uses local positions",
-                      "the outputs equal attention in which every K/V block's keys (and every rank's queries) start at "
-                      "position 0: blocks from the future are seen, blocks from the past are half hidden.")]
-    return [found(Pitfall.GENERAL, "ring attention differs from full attention",
-                  f"max |ring - full causal attention| = {(got - right).abs().max().item():.2e}.",
-                  fix="check the online-softmax merge of each arriving block: alpha = exp(m - m_new) on l and acc",
-                  fix_zh="检查每个到达块的在线 softmax 合并：对 l 和 acc 乘以 alpha = exp(m - m_new)")]
+        return [found(Pitfall.RING_LOCAL_OFFSET, _("the causal mask uses local positions"),
+                      _("the outputs equal attention in which every K/V block's keys (and every rank's queries) start at "
+                      "position 0: blocks from the future are seen, blocks from the past are half hidden."))]
+    return [found(Pitfall.GENERAL, _("ring attention differs from full attention"),
+                  _("max |ring - full causal attention| = {value_abs_max_item:.2e}.")
+                  .format(value_abs_max_item=(got - right).abs().max().item()),
+                  fix=_("check the online-softmax merge of each arriving block: alpha = exp(m - m_new) on l and acc"))]

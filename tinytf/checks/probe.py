@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..bench import one_thread
+from ..translation import _
 from .catalog import Pitfall
 from .findings import Finding
 
@@ -42,9 +43,10 @@ def error_text(exc: BaseException) -> str:
 def crash_finding(what: str, exc: BaseException, pitfall: Pitfall = Pitfall.GENERAL, hint: str = "") -> Finding:
     """The finding for code that raised: "not implemented yet" for ``NotImplementedError``."""
     if isinstance(exc, NotImplementedError):
-        return Finding(Pitfall.GENERAL, f"{what} is not implemented yet",
-                       f"it raised {error_text(exc)}. Fill in the TODO and run the check again.")
-    return Finding(pitfall, f"{what} raised an exception", f"it raised {error_text(exc)}.{(' ' + hint) if hint else ''}")
+        return Finding(Pitfall.GENERAL, _("{what} is not implemented yet").format(what=what),
+                       _("it raised {error_text}. Fill in the TODO and run the check again.").format(error_text=error_text(exc)))
+    return Finding(pitfall, _("{what} raised an exception")
+        .format(what=what), _("it raised {error_text}.{value}").format(error_text=error_text(exc), value=(' ' + hint) if hint else ''))
 
 
 def first_output(out: Any) -> Any:
@@ -110,5 +112,6 @@ def only_for(descriptions: Sequence[Hashable], n_bad: int, n_total: int) -> str:
     if n_bad >= n_total:
         return ""
     unique = list(dict.fromkeys(descriptions))
-    more = f" and {len(unique) - 3} more" if len(unique) > 3 else ""
-    return f"Wrong {'; '.join(map(str, unique[:3]))}{more} ({n_bad} of {n_total} probes); right on the others."
+    more = _(" and {value} more").format(value=len(unique) - 3) if len(unique) > 3 else ""
+    return (_("Wrong {value_join}{more} ({n_bad} of {n_total} probes); right on the others.")
+        .format(value_join='; '.join(map(str, unique[:3])), more=more, n_bad=n_bad, n_total=n_total))

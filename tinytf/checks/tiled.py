@@ -18,6 +18,7 @@ import torch
 
 from ..memory_meters import PeakMemoryMeter
 from ..memory_sizes import attention_matrix_bytes
+from ..translation import _, gettext
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, error_text, is_close, max_abs_diff, quietly
@@ -64,38 +65,37 @@ def diagnose_online_softmax(fn: Callable) -> list[Finding]:
         try:
             results[kind] = _fold(fn, s, v, bk)
         except Exception as exc:  # noqa: BLE001 - student code may raise anything
-            return [crash_finding(f"the online softmax update on scores {list(s.shape)}", exc)]
+            return [crash_finding(gettext("the online softmax update on scores {s_shape}").format(s_shape=list(s.shape)), exc)]
         m, l, acc, _ = results[kind]
         if not all(isinstance(t, torch.Tensor) for t in (m, l, acc)) or acc.shape != (*s.shape[:-1], v.size(-1)):
-            return [found(Pitfall.GENERAL, "the update returns the wrong thing", f"got acc {_shape(acc)}.",
-                          fix="return (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv])",
-                          fix_zh="返回 (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv])")]
+            return [found(Pitfall.GENERAL, gettext("the update returns the wrong thing"), gettext("got acc {acc}.").format(acc=_shape(acc)),
+                          fix=gettext("return (m [..., bq, 1], l [..., bq, 1], acc [..., bq, dv])"))]
     want = {kind: torch.softmax(s, dim=-1).nan_to_num(0.0) @ v for kind, (s, v, _) in probes.items()}
     ok = {kind: is_close(results[kind][3], want[kind]) for kind in probes}
-    where = "(scores [2, 5, 10] folded in key tiles of 3)"
+    where = gettext("(scores [2, 5, 10] folded in key tiles of 3)")
     if not ok["falling"]:
-        return [found(Pitfall.GENERAL, "the online softmax is wrong even when the maximum never changes",
-                      f"with each row's maximum in the first tile, acc / l after the last tile differs from softmax(scores) @ v "
-                      f"by up to {max_abs_diff(results['falling'][3], want['falling']):.3g} {where}.",
-                      fix="m is the running maximum, l the running sum of exp(scores - m), acc the running sum of exp(scores - m) @ v",
-                      fix_zh="m 是累计最大值，l 是 exp(scores - m) 的累计和，acc 是 exp(scores - m) @ v 的累计和")]
+        return [found(Pitfall.GENERAL, gettext("the online softmax is wrong even when the maximum never changes"),
+                      gettext("with each row's maximum in the first tile, acc / l after the last tile differs from softmax(scores) @ v "
+                              "by up to {max_abs_diff:.3g} {where}.")
+                      .format(max_abs_diff=max_abs_diff(results['falling'][3], want['falling']), where=where),
+                      fix=gettext("m is the running maximum, l the running sum of exp(scores - m), acc the running sum of "
+                                  "exp(scores - m) @ v"))]
     if not ok["rising"]:
-        return [found(Pitfall.ACC_NOT_RESCALED, "the running sums are not rescaled when the maximum grows",
-                      f"right while each row's maximum sits in the first tile, wrong (by up to "
-                      f"{max_abs_diff(results['rising'][3], want['rising']):.3g}) when every later tile raises it {where}: "
-                      f"{_which_unscaled(results['rising'], probes['rising'][0])} must shrink by exp(m - m_new).")]
+        return [found(Pitfall.ACC_NOT_RESCALED, gettext("the running sums are not rescaled when the maximum grows"),
+                      gettext("right while each row's maximum sits in the first tile, wrong (by up to {max_abs_diff:.3g}) when every "
+                              "later tile raises it {where}: {which_unscaled} must shrink by exp(m - m_new).")
+                                  .format(max_abs_diff=max_abs_diff(results['rising'][3], want['rising']), where=where,
+                                      which_unscaled=_which_unscaled(results['rising'], probes['rising'][0])))]
     m, l, acc, out = results["masked"]
     if not (torch.isfinite(out).all() and torch.isfinite(l).all()):
-        return [found(Pitfall.MASKED_TILE_NAN, "NaN after a fully masked tile",
-                      "when a row's first tile is all -inf its maximum is still -inf, and exp(-inf - -inf) is NaN; "
-                      "the rows then stay NaN (scores [2, 4, 9] with keys 0-2 masked, row 1 masked everywhere).")]
+        return [found(Pitfall.MASKED_TILE_NAN, gettext("NaN after a fully masked tile"),
+                      gettext("when a row's first tile is all -inf its maximum is still -inf, and exp(-inf - -inf) is NaN; "
+                      "the rows then stay NaN (scores [2, 4, 9] with keys 0-2 masked, row 1 masked everywhere)."))]
     if not ok["masked"]:
-        return [found(Pitfall.MASK, "a masked tile changes the result",
-                      "a score of -inf must get the weight exp(-inf) = 0 (scores [2, 4, 9] with keys 0-2 masked).",
-                      fix="p = exp(s - m_new) with the -inf scores kept as they are, so masked keys add 0 to l and acc; a row "
-                          "that saw only masked keys keeps l = 0, acc = 0",
-                      fix_zh="p = exp(s - m_new)，-inf 分数保持不变，这样被屏蔽的键对 l 和 acc 的贡献为 0；"
-                             "只见过被屏蔽键的行保持 l = 0、acc = 0")]
+        return [found(Pitfall.MASK, gettext("a masked tile changes the result"),
+                      gettext("a score of -inf must get the weight exp(-inf) = 0 (scores [2, 4, 9] with keys 0-2 masked)."),
+                      fix=gettext("p = exp(s - m_new) with the -inf scores kept as they are, so masked keys add 0 to l and acc; a row "
+                                  "that saw only masked keys keeps l = 0, acc = 0"))]
     return []
 
 
@@ -103,7 +103,7 @@ def _which_unscaled(res: tuple[torch.Tensor, ...], scores: torch.Tensor) -> str:
     """"acc", "l" or "acc and l": which running sum is not the rescaled one after the last tile."""
     m, l, acc, _ = res
     l_ok = is_close(l, torch.exp(scores - m).sum(-1, keepdim=True), 1e-3) if m.shape == l.shape else False
-    return "acc (l is right)" if l_ok else "l and acc"
+    return gettext("acc (l is right)") if l_ok else gettext("l and acc")
 
 
 def _shape(x: object) -> str:
@@ -160,33 +160,34 @@ def _name_unmasked(fn: Callable, ran: list[tuple[TiledProbe, torch.Tensor]]) -> 
     if bad["one tile"]:
         p, o = bad["one tile"][0]
         if not _ones_rows(fn, p):
-            return [found(Pitfall.NO_FINAL_DIVISION, "the output is not divided by l",
-                          "with a single key tile and v = ones every output row should be ones; yours are the unnormalised "
-                          "sums acc = Σ exp(s - m) v.", where=f"Seen {p.where()}.")]
-        return [_differs(p, o, "even with one tile, where no online softmax is needed")]
+            return [found(Pitfall.NO_FINAL_DIVISION, _("the output is not divided by l"),
+                          _("with a single key tile and v = ones every output row should be ones; yours are the unnormalised "
+                          "sums acc = Σ exp(s - m) v."), where=_("Seen {p_where}.").format(p_where=p.where()))]
+        return [_differs(p, o, _("even with one tile, where no online softmax is needed"))]
     if bad["falling"]:
         p, o = bad["falling"][0]
         if not _ones_rows(fn, p):
-            return [found(Pitfall.NO_FINAL_DIVISION, "the output is divided by l per tile",
-                          "right with one key tile, wrong with several even though the maximum never grows: with v = ones the "
-                          "rows are not ones. Dividing inside the loop mixes normalised and unnormalised sums.",
-                          where=f"Seen {p.where()}.")]
-        return [_differs(p, o, "with several key tiles although each row's maximum is in the first one")]
+            return [found(Pitfall.NO_FINAL_DIVISION, _("the output is divided by l per tile"),
+                          _("right with one key tile, wrong with several even though the maximum never grows: with v = ones the "
+                          "rows are not ones. Dividing inside the loop mixes normalised and unnormalised sums."),
+                          where=_("Seen {p_where}.").format(p_where=p.where()))]
+        return [_differs(p, o, _("with several key tiles although each row's maximum is in the first one"))]
     if bad["rising"]:
         p, o = bad["rising"][0]
-        return [found(Pitfall.ACC_NOT_RESCALED, "the running sums are not rescaled when the maximum grows",
-                      f"right while each row's maximum sits in the first key tile, wrong (by up to {max_abs_diff(o, reference(p)):.3g}) "
-                      "when every later tile raises it.", where=f"Seen {p.where()}.")]
+        return [found(Pitfall.ACC_NOT_RESCALED, _("the running sums are not rescaled when the maximum grows"),
+                      _("right while each row's maximum sits in the first key tile, wrong (by up to {max_abs_diff:.3g}) when every later "
+                        "tile raises it.")
+                            .format(max_abs_diff=max_abs_diff(o, reference(p))), where=_("Seen {p_where}.").format(p_where=p.where()))]
     if bad["random"]:
-        return [_differs(*bad["random"][0], "on random inputs")]
+        return [_differs(*bad["random"][0], _("on random inputs"))]
     return []
 
 
 def _differs(p: TiledProbe, out: torch.Tensor, when: str) -> Finding:
-    return found(Pitfall.GENERAL, "tiled attention differs from softmax(q kᵀ / sqrt(d)) v",
-                 f"{when}, by up to {max_abs_diff(out, reference(p)):.3g} {p.where()}.",
-                 fix="compare each query block with tinytf.scaled_dot_product_attention, one key tile at a time",
-                 fix_zh="把每个查询块与 tinytf.scaled_dot_product_attention 对比，一次一个键块")
+    return found(Pitfall.GENERAL, _("tiled attention differs from softmax(q kᵀ / sqrt(d)) v"),
+                 _("{when}, by up to {max_abs_diff:.3g} {p_where}.").format(when=when, max_abs_diff=max_abs_diff(out, reference(p)),
+                                                                             p_where=p.where()),
+                 fix=_("compare each query block with tinytf.scaled_dot_product_attention, one key tile at a time"))
 
 
 def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
@@ -195,24 +196,24 @@ def _name_masked(fn: Callable, gen: torch.Generator) -> list[Finding]:
         try:
             out = _call(fn, p)
         except Exception as exc:  # noqa: BLE001
-            return [crash_finding(f"tiled attention with a mask {list(p.mask.shape)}", exc, Pitfall.MASK,
-                           "fn(q, k, v, mask, block_q=..., block_k=...) takes a bool mask broadcastable to [B, H, Tq, Tk].")]
+            return [crash_finding(_("tiled attention with a mask {mask_shape}").format(mask_shape=list(p.mask.shape)), exc, Pitfall.MASK,
+                           _("fn(q, k, v, mask, block_q=..., block_k=...) takes a bool mask broadcastable to [B, H, Tq, Tk]."))]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
-            return [found(Pitfall.ORIENTATION, "wrong output shape with a mask", f"expected {list(reference(p).shape)}, got {_shape(out)} "
-                          f"{p.where()}.",
-                          fix="the mask broadcasts over the scores [B, H, Tq, Tk]: slice it per tile, mask[..., q0:q1, k0:k1], "
-                          "and keep out [B, H, Tq, dv]",
-                            fix_zh="掩码按分数 [B, H, Tq, Tk] 广播：逐块切片 mask[..., q0:q1, k0:k1]，输出保持 [B, H, Tq, dv]")]
+            return [found(Pitfall.ORIENTATION, _("wrong output shape with a mask"), _("expected {reference}, got {out} {p_where}.")
+                          .format(reference=list(reference(p).shape), out=_shape(out), p_where=p.where()),
+                          fix=_("the mask broadcasts over the scores [B, H, Tq, Tk]: slice it per tile, mask[..., q0:q1, k0:k1], "
+                                "and keep out [B, H, Tq, dv]"))]
         if not torch.isfinite(out).all():
-            why = ("its first key tile is entirely masked, so m is still -inf and exp(-inf - -inf) = NaN"
-                   if p.kind == "left padding" else "a row that may see nothing ends with l = 0 and acc / l = 0 / 0")
-            return [found(Pitfall.MASKED_TILE_NAN, "NaN from a fully masked tile or row", f"{why}.", where=f"Seen {p.where()}.")]
+            why = (_("its first key tile is entirely masked, so m is still -inf and exp(-inf - -inf) = NaN")
+                   if p.kind == "left padding" else _("a row that may see nothing ends with l = 0 and acc / l = 0 / 0"))
+            return [found(Pitfall.MASKED_TILE_NAN, _("NaN from a fully masked tile or row"), f"{why}.", where=_("Seen {p_where}.")
+                .format(p_where=p.where()))]
         if not is_close(out, reference(p)):
             empty = p.kind == "empty rows" and not is_close(out[..., ::3, :], torch.zeros_like(out[..., ::3, :]))
-            what = "rows that may see nothing must be zeros" if empty else "masked keys must get exactly zero weight"
-            return [found(Pitfall.MASK, "masked tiled attention differs from the reference", f"{what}.", where=f"Seen {p.where()}.",
-                          fix="mask each tile's scores with -inf before the update: s.masked_fill(~mask[..., q0:q1, k0:k1], -inf)",
-                          fix_zh="在更新之前用 -inf 屏蔽每个块的分数：s.masked_fill(~mask[..., q0:q1, k0:k1], -inf)")]
+            what = _("rows that may see nothing must be zeros") if empty else _("masked keys must get exactly zero weight")
+            return [found(Pitfall.MASK, _("masked tiled attention differs from the reference"), _("{what}.").format(what=what),
+                          where=_("Seen {p_where}.").format(p_where=p.where()),
+                          fix=_("mask each tile's scores with -inf before the update: s.masked_fill(~mask[..., q0:q1, k0:k1], -inf)"))]
     return []
 
 
@@ -224,12 +225,12 @@ def _memory(fn: Callable, gen: torch.Generator) -> list[Finding]:
         fn(q, k, v, block_q=block, block_k=block)
     scores = attention_matrix_bytes(b, h, t, torch.float32)
     if meter.peak >= scores // 4:
-        return [found(Pitfall.EXPLICIT_IN_PRODUCTION, "the tiled forward holds the whole score matrix",
-                      f"its measured peak is {meter.peak} bytes for q, k, v [{b}, {h}, {t}, {d}] with {block} × {block} tiles, "
-                      f"{meter.peak / scores:.2f}× one [B, H, T, T] float32 score matrix ({scores} bytes); a tile is "
-                      f"{b * h * block * block * 4} bytes.",
-                      fix="compute the scores q_i @ k_jᵀ per tile inside the loop, never q @ kᵀ for the whole sequence",
-                      fix_zh="在循环里逐块计算分数 q_i @ k_jᵀ，不要对整个序列计算 q @ kᵀ")]
+        return [found(Pitfall.EXPLICIT_IN_PRODUCTION, gettext("the tiled forward holds the whole score matrix"),
+                      gettext("its measured peak is {meter_peak} bytes for q, k, v [{b}, {h}, {t}, {d}] with {block} × {block} tiles, "
+                              "{value:.2f}× one [B, H, T, T] float32 score matrix ({scores} bytes); a tile is {value2} bytes.")
+                      .format(meter_peak=meter.peak, b=b, h=h, t=t, d=d, block=block, value=meter.peak / scores,
+                              scores=scores, value2=b * h * block * block * 4),
+                      fix=gettext("compute the scores q_i @ k_jᵀ per tile inside the loop, never q @ kᵀ for the whole sequence"))]
     return []
 
 
@@ -246,12 +247,13 @@ def diagnose_tiled_attention(fn: Callable) -> list[Finding]:
             out = _call(fn, p)
         except Exception as exc:  # noqa: BLE001
             multiple = p.q.size(-2) % p.block_q == 0 and p.k.size(-2) % p.block_k == 0
-            hint = "" if multiple else "Tq or Tk is not a multiple of the block: the last tile is smaller (slice to min(k0 + block_k, Tk))."
-            return [crash_finding(f"tiled attention {p.where()}", exc, Pitfall.GENERAL, hint)]
+            hint = "" if multiple else _("Tq or Tk is not a multiple of the block: the last tile is smaller (slice to min(k0 + block_k, "
+                                         "Tk)).")
+            return [crash_finding(_("tiled attention {p_where}").format(p_where=p.where()), exc, Pitfall.GENERAL, hint)]
         if not isinstance(out, torch.Tensor) or out.shape != reference(p).shape:
-            return [found(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(reference(p).shape)} = [B, H, Tq, dv], "
-                          f"got {_shape(out)} {p.where()}.", fix="write each query tile's acc / l into out[..., q0:q1, :], out of shape "
-                          "[B, H, Tq, dv]", fix_zh="把每个查询块的 acc / l 写入 out[..., q0:q1, :]，out 的形状为 [B, H, Tq, dv]")]
+            return [found(Pitfall.ORIENTATION, _("wrong output shape"), _("expected {reference} = [B, H, Tq, dv], got {out} {p_where}.")
+                          .format(reference=list(reference(p).shape), out=_shape(out), p_where=p.where()),
+                          fix=_("write each query tile's acc / l into out[..., q0:q1, :], out of shape [B, H, Tq, dv]"))]
         ran.append((p, out))
     findings = _name_unmasked(fn, ran) or _name_masked(fn, gen)
     if findings:
@@ -259,4 +261,5 @@ def diagnose_tiled_attention(fn: Callable) -> list[Finding]:
     try:
         return _memory(fn, gen)  # right numbers: is the memory that of tiles?
     except Exception as exc:  # noqa: BLE001
-        return [Finding(Pitfall.GENERAL, "tiled attention fails at T = 512", f"it raised {error_text(exc)}.")]
+        return [Finding(Pitfall.GENERAL, _("tiled attention fails at T = 512"), _("it raised {error_text}.")
+            .format(error_text=error_text(exc)))]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..translation import _
 from .catalog import Pitfall
 from .findings import Finding, found, relation
 from .probe import crash_finding, is_close, max_abs_diff, quietly
@@ -24,7 +25,7 @@ _CAUSAL = (((1, 2, 10, 10, 4), (3, 3)), ((2, 1, 9, 9, 4), (4, 2)), ((1, 2, 8, 8,
 
 
 def _where(q: torch.Tensor, k: torch.Tensor, bq: int, bk: int) -> str:
-    return f"for q {list(q.shape)}, k {list(k.shape)}, block_q={bq}, block_k={bk}"
+    return _("for q {q_shape}, k {k_shape}, block_q={bq}, block_k={bk}").format(q_shape=list(q.shape), k_shape=list(k.shape), bq=bq, bk=bk)
 
 
 def _reads(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bq: int, bk: int) -> torch.Tensor:
@@ -46,10 +47,11 @@ def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
     allowed = torch.ones(tq, tk, dtype=torch.bool).tril(offset)
     if (reads & ~allowed).any():
         i, j = (int(x) for x in (reads & ~allowed).nonzero()[0])
-        return found(Pitfall.CAUSAL_OFF_BY_ONE, "a query reads a future key",
-                     f"query {i} reads key {j} > {offset + i}: the mask inside the diagonal tiles lets the future leak.",
-                     where=f"Seen {where}.", fix="inside a diagonal tile block key j of query i when j > Tk - Tq + i (END-aligned), "
-                     "not when j > i", fix_zh="在对角线块内，当 j > Tk - Tq + i 时屏蔽查询 i 的键 j（末尾对齐），而不是 j > i 时")
+        return found(Pitfall.CAUSAL_OFF_BY_ONE, _("a query reads a future key"),
+                     _("query {i} reads key {j} > {value}: the mask inside the diagonal tiles lets the future leak.")
+                     .format(i=i, j=j, value=offset + i),
+                     where=_("Seen {where}.").format(where=where),
+                     fix=_("inside a diagonal tile block key j of query i when j > Tk - Tq + i (END-aligned), not when j > i"))
     own = reads[torch.arange(tq), torch.arange(tq) + offset]
     if own.all():
         return None
@@ -58,15 +60,18 @@ def _name_reads(reads: torch.Tensor, bk: int, where: str) -> Finding | None:
     i = next((i for i in missing if (offset + i) % bk), missing[0])
     start = (offset + i) // bk * bk  # the first key of the key tile that holds query i's own key
     if start < offset + i and reads[i, start:offset + i].all():
-        return found(Pitfall.CAUSAL_OFF_BY_ONE, "a query does not read its own key",
-                     f"query {i} reads keys {start}..{offset + i - 1} of its diagonal tile but not key {offset + i} itself: the "
-                     "causal mask inside the tile is off by one.", where=f"Seen {where}.",
-                     fix="let query i read key j when j <= Tk - Tq + i (its own key included): keep j <= offset + i, not j < offset + i",
-                     fix_zh="当 j <= Tk - Tq + i 时允许查询 i 读取键 j（包括它自己的键）：保留 j <= offset + i，而不是 j < offset + i")
-    return found(Pitfall.DIAGONAL_TILE_SKIPPED, "the diagonal tile is skipped",
-                 f"query {i} reads none of keys {start}..{offset + i} — the key tile that holds its own key was never "
-                 f"computed{' (row 0 has nothing to attend to)' if not reads[0].any() else ''}. Only key blocks that start at "
-                 "or after Tk - Tq + q1 lie wholly in the future.", where=f"Seen {where}.")
+        return found(Pitfall.CAUSAL_OFF_BY_ONE, _("a query does not read its own key"),
+                     _("query {i} reads keys {start}..{value} of its diagonal tile but not key {value2} itself: the causal mask inside "
+                       "the tile is off by one.")
+                     .format(i=i, start=start, value=offset + i - 1, value2=offset + i), where=_("Seen {where}.").format(where=where),
+                     fix=_("let query i read key j when j <= Tk - Tq + i (its own key included): keep j <= offset + i, "
+                           "not j < offset + i"))
+    return found(Pitfall.DIAGONAL_TILE_SKIPPED, _("the diagonal tile is skipped"),
+                 _("query {i} reads none of keys {start}..{value} — the key tile that holds its own key was never computed{value2}. Only "
+                   "key blocks that start at or after Tk - Tq + q1 lie wholly in the future.")
+                 .format(i=i, start=start, value=offset + i,
+                         value2=_(' (row 0 has nothing to attend to)') if not reads[0].any() else ''),
+                 where=_("Seen {where}.").format(where=where))
 
 
 def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], gen: torch.Generator) -> Finding | None:
@@ -75,30 +80,33 @@ def _check_one(fn: Callable, shape: tuple[int, ...], blocks: tuple[int, int], ge
     where = _where(q, k, bq, bk)
     res = fn(q.clone(), k.clone(), v.clone(), block_q=bq, block_k=bk)
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.Tensor)):
-        return found(Pitfall.GENERAL, "the causal tiled attention returns the wrong thing", f"got {type(res).__name__} {where}.",
-                     fix="return (out [B, H, Tq, dv], tiles_computed: int)", fix_zh="返回 (out [B, H, Tq, dv], tiles_computed: int)")
+        return found(Pitfall.GENERAL, _("the causal tiled attention returns the wrong thing"),
+                     _("got {type} {where}.").format(type=type(res).__name__, where=where),
+                     fix=_("return (out [B, H, Tq, dv], tiles_computed: int)"))
     out, computed = res
     want = causal_reference(q, k, v)
     if out.shape != want.shape:
-        return Finding(Pitfall.ORIENTATION, "wrong output shape", f"expected {list(want.shape)}, got {list(out.shape)} {where}.")
+        return Finding(Pitfall.ORIENTATION, _("wrong output shape"), _("expected {want_shape}, got {out_shape} {where}.")
+            .format(want_shape=list(want.shape), out_shape=list(out.shape), where=where))
     if not is_close(out, want):
         named = _name_reads(_reads(fn, q, k, v, bq, bk), bk, where)
-        return named or found(Pitfall.GENERAL, "causal tiled attention differs from the reference",
-                              f"by up to {max_abs_diff(out.nan_to_num(0.0), want):.3g} {where}.",
-                              fix="compare each query block with tinytf.scaled_dot_product_attention(q, k, v, is_causal=True)",
-                              fix_zh="把每个查询块与 tinytf.scaled_dot_product_attention(q, k, v, is_causal=True) 逐一对比")
+        return named or found(Pitfall.GENERAL, _("causal tiled attention differs from the reference"),
+                              _("by up to {max_abs_diff:.3g} {where}.").format(max_abs_diff=max_abs_diff(out.nan_to_num(0.0), want),
+                                                                                where=where),
+                              fix=_("compare each query block with tinytf.scaled_dot_product_attention(q, k, v, is_causal=True)"))
     expected = tile_count(tq, tk, bq, bk)
     total = -(-tq // bq) * -(-tk // bk)
     if computed != expected:
         if computed == total:
-            return found(Pitfall.GENERAL, "no tile is skipped",
-                         f"it computed all {total} tiles, of which {total - expected} lie wholly in the future {where}.",
-                         fix="stop each query block's key loop at Tk - Tq + q1", fix_zh="每个查询块的键循环在 Tk - Tq + q1 处停止")
-        how = relation(computed, expected, step=("tile", 1)) if isinstance(computed, int) and not isinstance(computed, bool) else ""
-        return found(Pitfall.GENERAL, "the count of computed tiles is wrong",
-                     f"it says {computed!r}{f' ({how})' if how else ''}, but {expected} of the {total} tiles hold a key some query "
-                     f"may see {where}.",
-                     fix="count one tile per q_i @ k_jᵀ computed", fix_zh="每计算一次 q_i @ k_jᵀ 计一个块")
+            return found(Pitfall.GENERAL, _("no tile is skipped"),
+                         _("it computed all {total} tiles, of which {value} lie wholly in the future {where}.")
+                         .format(total=total, value=total - expected, where=where),
+                         fix=_("stop each query block's key loop at Tk - Tq + q1"))
+        how = relation(computed, expected, step=(_("tile"), 1)) if isinstance(computed, int) and not isinstance(computed, bool) else ""
+        return found(Pitfall.GENERAL, _("the count of computed tiles is wrong"),
+                     _("it says {computed!r}{how}, but {expected} of the {total} tiles hold a key some query may see {where}.")
+                     .format(computed=computed, how=f" ({how})" if how else "", expected=expected, total=total, where=where),
+                     fix=_("count one tile per q_i @ k_jᵀ computed"))
     return None
 
 
@@ -113,7 +121,8 @@ def diagnose_causal_tiles(fn: Callable) -> list[Finding]:
         try:
             finding = _check_one(fn, shape, blocks, gen)
         except Exception as exc:  # noqa: BLE001 - student code may raise anything
-            return [crash_finding(f"causal tiled attention for q {list(shape[:3]) + [shape[4]]}, Tk={shape[3]}, blocks {blocks}", exc)]
+            return [crash_finding(_("causal tiled attention for q {value}, Tk={shape}, blocks {blocks}")
+                .format(value=list(shape[:3]) + [shape[4]], shape=shape[3], blocks=blocks), exc)]
         if finding is not None:
             return [finding]
     return []

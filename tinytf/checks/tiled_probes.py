@@ -15,8 +15,12 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
+from ..translation import N_, _
 
 __all__ = ["TiledProbe", "ordered_qkv", "reference", "causal_reference", "tile_count", "left_padding", "empty_rows"]
+
+# the kinds of probe, named in every finding's "where"
+_KINDS = (N_("one tile"), N_("falling"), N_("rising"), N_("random"), N_("padding"), N_("left padding"), N_("empty rows"))
 
 
 @dataclass
@@ -29,12 +33,13 @@ class TiledProbe:
     mask: torch.Tensor | None
     block_q: int
     block_k: int
-    kind: str  # "one tile", "falling", "rising", "random", "padding", "left padding", "empty rows"
+    kind: str  # one of _KINDS (data; said in the student's language by where())
 
     def where(self) -> str:
-        m = f", mask {list(self.mask.shape)}" if self.mask is not None else ""
-        return (f"for q {list(self.q.shape)}, k {list(self.k.shape)}{m}, block_q={self.block_q}, block_k={self.block_k} "
-                f"({self.kind})")
+        m = _(", mask {mask_shape}").format(mask_shape=list(self.mask.shape)) if self.mask is not None else ""
+        return (_("for q {q_shape}, k {k_shape}{m}, block_q={block_q}, block_k={block_k} ({kind})")
+            .format(q_shape=list(self.q.shape), k_shape=list(self.k.shape), m=m, block_q=self.block_q, block_k=self.block_k,
+                kind=_(self.kind)))
 
 
 def ordered_qkv(shape: tuple[int, int, int, int, int, int], gen: torch.Generator, order: str) -> tuple[torch.Tensor, ...]:

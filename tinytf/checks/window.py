@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from ..masks import causal_mask
+from ..translation import N_, _
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import cover_probes, crash_finding, only_for, quietly
@@ -42,23 +43,23 @@ class WrongWindow(NamedTuple):
 
 
 _WRONG = (
-    WrongWindow(lambda tq, tk, w: _band(tq, tk, -w, 0), _WINDOW, "the window lets a query see window + 1 keys",
-                "the query at position p sees keys p - window … p: window + 1 keys. The window counts the query itself, so "
-                "the oldest key it keeps is p - window + 1 (keep j > p - window, not j >= p - window)."),
-    WrongWindow(lambda tq, tk, w: _band(tq, tk, 2 - w, 0), _WINDOW, "the window lets a query see window - 1 keys",
-                "the query at position p sees keys p - window + 2 … p: window - 1 keys (none at all for window = 1). The window "
-                "counts the query itself, so it keeps the last window keys, p - window + 1 … p."),
-    WrongWindow(lambda tq, tk, w: _band(tq, tk, -w, -1), Pitfall.CAUSAL_OFF_BY_ONE, "the window blocks the query's own key",
-                "the query at position p sees keys p - window … p - 1: window keys, but not itself (position 0 sees nothing, "
-                "NaN after the softmax). The window ends at the query: keys p - window + 1 … p."),
-    WrongWindow(lambda tq, tk, w: _band(tq, tk, 1 - w, w - 1), Pitfall.CAUSAL_OFF_BY_ONE, "the window is not causal",
-                "the query at position p sees keys p - window + 1 … p + window - 1: the window is centred on the query and lets "
-                "the future in. A causal window ends at the query itself."),
-    WrongWindow(lambda tq, tk, w: _band(tq, tk, 1 - w, 0, offset=0), Pitfall.GENERAL, "the window is aligned to the start",
-                "query i is treated as position i, but with t_k > t_q (new tokens over a cache) it sits at position "
-                "t_k - t_q + i: the last query must see the last keys."),
-    WrongWindow(lambda tq, tk, w: causal_mask(tq, tk), Pitfall.GENERAL, "the window is ignored",
-                "every query sees all of its past: a plain causal mask. Also block the keys older than p - window + 1."),
+    WrongWindow(lambda tq, tk, w: _band(tq, tk, -w, 0), _WINDOW, N_("the window lets a query see window + 1 keys"),
+                N_("the query at position p sees keys p - window … p: window + 1 keys. The window counts the query itself, so "
+                "the oldest key it keeps is p - window + 1 (keep j > p - window, not j >= p - window).")),
+    WrongWindow(lambda tq, tk, w: _band(tq, tk, 2 - w, 0), _WINDOW, N_("the window lets a query see window - 1 keys"),
+                N_("the query at position p sees keys p - window + 2 … p: window - 1 keys (none at all for window = 1). The window "
+                "counts the query itself, so it keeps the last window keys, p - window + 1 … p.")),
+    WrongWindow(lambda tq, tk, w: _band(tq, tk, -w, -1), Pitfall.CAUSAL_OFF_BY_ONE, N_("the window blocks the query's own key"),
+                N_("the query at position p sees keys p - window … p - 1: window keys, but not itself (position 0 sees nothing, "
+                "NaN after the softmax). The window ends at the query: keys p - window + 1 … p.")),
+    WrongWindow(lambda tq, tk, w: _band(tq, tk, 1 - w, w - 1), Pitfall.CAUSAL_OFF_BY_ONE, N_("the window is not causal"),
+                N_("the query at position p sees keys p - window + 1 … p + window - 1: the window is centred on the query and lets "
+                "the future in. A causal window ends at the query itself.")),
+    WrongWindow(lambda tq, tk, w: _band(tq, tk, 1 - w, 0, offset=0), Pitfall.GENERAL, N_("the window is aligned to the start"),
+                N_("query i is treated as position i, but with t_k > t_q (new tokens over a cache) it sits at position "
+                "t_k - t_q + i: the last query must see the last keys.")),
+    WrongWindow(lambda tq, tk, w: causal_mask(tq, tk), Pitfall.GENERAL, N_("the window is ignored"),
+                N_("every query sees all of its past: a plain causal mask. Also block the keys older than p - window + 1.")),
 )
 
 
@@ -73,23 +74,22 @@ def _collect(fn: Callable) -> tuple[list[Finding], dict[tuple[int, int, int], to
         try:
             m = fn(tq, tk, w)
         except Exception as exc:  # noqa: BLE001 - student code may raise anything
-            return [crash_finding(f"the window mask for t_q={tq}, t_k={tk}, window={w}", exc)], None
+            return [crash_finding(_("the window mask for t_q={tq}, t_k={tk}, window={w}").format(tq=tq, tk=tk, w=w), exc)], None
         if not isinstance(m, torch.Tensor) or tuple(m.shape) != (tq, tk):
             got = list(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
-            return [Finding(Pitfall.GENERAL, "wrong window mask shape",
-                            f"fn({tq}, {tk}, {w}) returned {got}; expected a bool tensor [{tq}, {tk}] (query rows, key columns).")], None
+            return [Finding(Pitfall.GENERAL, _("wrong window mask shape"),
+                            _("fn({tq}, {tk}, {w}) returned {got}; expected a bool tensor [{tq}, {tk}] (query rows, key columns).")
+                                .format(tq=tq, tk=tk, w=w, got=got))], None
         if m.dtype != torch.bool:
-            return [found(Pitfall.GENERAL, "the window mask is not boolean", f"it has dtype {m.dtype}.",
-                          fix="build it from comparisons: a bool tensor, True = may attend (what tinytf and "
-                              "F.scaled_dot_product_attention take)",
-                          fix_zh="用比较运算构造它：bool 张量，True 表示可以关注（tinytf 和 "
-                                 "F.scaled_dot_product_attention 接受的掩码）")], None
+            return [found(Pitfall.GENERAL, _("the window mask is not boolean"), _("it has dtype {m_dtype}.").format(m_dtype=m.dtype),
+                          fix=_("build it from comparisons: a bool tensor, True = may attend (what tinytf and "
+                                "F.scaled_dot_product_attention take)"))], None
         masks[(tq, tk, w)] = m.cpu()
     return [], masks
 
 
 def _where(probe: tuple[int, int, int]) -> str:
-    return "for t_q={}, t_k={}, window={}".format(*probe)
+    return _("for t_q={}, t_k={}, window={}").format(*probe)
 
 
 @quietly
@@ -107,17 +107,18 @@ def diagnose_window(fn: Callable[[int, int, int], torch.Tensor]) -> list[Finding
     named, rest = cover_probes(bad, _WRONG, lambda w, p: torch.equal(masks[p], w.make(*p)))
     for w, probes in named:
         p = next((p for p in probes if p[1] > p[0]), probes[0])
-        counts = f"Keys seen per query {_where(p)}: {_counts(masks[p])}, should be {_counts(causal_mask(p[0], p[1], window=p[2]))}."
-        where = only_for([_where(p) for p in probes], len(probes), len(masks)) or f"Seen {_where(p)}."
-        findings.append(found(w.pitfall, w.title, f"{w.evidence} {counts}", where=where, fix=w.pitfall is _WINDOW))
+        counts = (_("Keys seen per query {where}: {counts}, should be {counts2}.")
+            .format(where=_where(p), counts=_counts(masks[p]), counts2=_counts(causal_mask(p[0], p[1], window=p[2]))))
+        where = only_for([_where(p) for p in probes], len(probes), len(masks)) or _("Seen {where}.").format(where=_where(p))
+        findings.append(found(w.pitfall, _(w.title), f"{_(w.evidence)} {counts}", where=where, fix=w.pitfall is _WINDOW))
     if rest:
         p = rest[0]
         m, right = masks[p], causal_mask(p[0], p[1], window=p[2])
         future = (m & ~causal_mask(p[0], p[1])).nonzero().tolist()
         pitfall = Pitfall.CAUSAL_OFF_BY_ONE if future else _WINDOW
-        detail = f"future (query, key) pairs allowed: {future[:4]}. " if future else ""
-        findings.append(found(pitfall, "not a sliding-window causal mask",
-                              f"{_where(p)} the queries see {_counts(m)} keys, should see {_counts(right)} "
-                              f"(min(window, p + 1) for the query at position p). {detail}",
+        detail = _("future (query, key) pairs allowed: {future}. ").format(future=future[:4]) if future else ""
+        findings.append(found(pitfall, _("not a sliding-window causal mask"),
+                              _("{where} the queries see {counts} keys, should see {counts2} (min(window, p + 1) for the query at "
+                                "position p). {detail}").format(where=_where(p), counts=_counts(m), counts2=_counts(right), detail=detail),
                               where=only_for([_where(p) for p in rest], len(rest), len(masks)), fix=pitfall is _WINDOW))
     return findings

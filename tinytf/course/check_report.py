@@ -7,9 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..translation import N_, _
 from .messages import say
 
 __all__ = ["CellCheck", "Report", "finding_lines", "format_report"]
+
+# a test cell's status and problem as the report names them (translated with their context when said)
+_LABELS = {"pass": N_("PASS"), "fail": N_("FAIL"), "error": N_("ERROR"), "timeout": N_("TIMEOUT"), "not-run": N_("NOT RUN")}
+_PROBLEMS = (N_("deleted"), N_("edited"), N_("earlier release"))
 
 
 @dataclass
@@ -51,28 +56,25 @@ class Report:
 def finding_lines(f: dict[str, Any], lang: str) -> list[str]:
     """One diagnosed finding as two or three lines: the pitfall's name, the evidence, the fix.
 
-    The fix is the finding's own (``f["fix"]``, in Chinese ``f["fix_zh"]``) when it has one, else the
-    catalog's for its pitfall. In Chinese the name is the catalog's Chinese one; the evidence (shapes,
-    numbers, the inputs that show it) is kept as the diagnosis wrote it.
+    The fix is the finding's own (``f["fix"]``) when it has one, else the catalog's for its pitfall, in ``lang``.
+    Title, evidence and own fix come as the diagnosis said them (one message catalog): in the language of the
+    kernel that ran it, which ``tinytf validate`` and the self-check set to the notebook's.
     """
     from tinytf.checks.catalog import Pitfall
+    from tinytf.checks.findings import split_fix
 
     try:
         pitfall = Pitfall(int(f["pitfall"]))
     except ValueError:  # a number the catalog does not know (a newer diagnosis)
-        return [f"  x [pitfall {f['pitfall']}] {f['title']}", f"      {f['message']}"]
+        return [f"  x [{_('pitfall {number}', lang).format(number=f['pitfall'])}] {f['title']}", f"      {f['message']}"]
     own = str(f.get("fix") or "")
-    evidence = str(f["message"]).split(" Fix: ", 1)[0]
-    if lang != "zh":
-        head = f"  x [{pitfall.label()}] {f['title']}"
-        return [head, f"      {evidence}", "      " + say("fix", lang, fix=own)] if own else [head, f"      {f['message']}"]
-    lines = [f"  x [{pitfall.label('zh')}] {f['title']}"]
-    if own:
-        return [*lines, "      " + say("evidence", "zh", message=evidence), "      " + say("fix", "zh", fix=f.get("fix_zh") or own)]
-    if pitfall is Pitfall.GENERAL:
-        return [*lines, "      " + say("evidence", "zh", message=f["message"])]
-    # the English fix is replaced by the catalog's Chinese one
-    return [*lines, "      " + say("evidence", "zh", message=evidence), "      " + say("fix", "zh", fix=pitfall.entry.fix_zh)]
+    evidence, said_fix = split_fix(str(f["message"]))
+    lines = [f"  x [{pitfall.label(lang)}] {f['title']}"]
+    if lang != "zh" and not own:
+        return [*lines, f"      {f['message']}"]
+    fix = own or (_(pitfall.fix, lang) if pitfall is not Pitfall.GENERAL else said_fix.rstrip("."))
+    lines.append("      " + say("evidence", lang, message=evidence))
+    return [*lines, "      " + say("fix", lang, fix=fix)] if fix else lines
 
 
 def format_report(r: Report, title: str | None = None) -> str:
@@ -87,12 +89,9 @@ def format_report(r: Report, title: str | None = None) -> str:
     for s in r.notes:
         lines.append(f"  i {s}")
     lines.append(say("tests_source" if r.source else "tests", lang))
-    en_labels = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "timeout": "TIMEOUT", "not-run": "NOT RUN"}
-    zh_labels = {"pass": "通过", "fail": "未通过", "error": "出错", "timeout": "超时", "not-run": "未运行"}
-    labels = zh_labels if lang == "zh" else en_labels
+    labels = {k: _(v, lang) for k, v in _LABELS.items()}
     for c in r.cells:
-        zh_problem = {"deleted": "已删除", "edited": "已修改", "earlier release": "早期版本"}
-        problem = zh_problem.get(c.problem, c.problem) if lang == "zh" else c.problem
+        problem = _(c.problem, lang) if c.problem in _PROBLEMS else c.problem
         extra = f" [{problem}]" if problem else ""
         msg = f"  {c.message}" if c.message else ""
         pts = say("points", lang, pts=c.points)

@@ -15,11 +15,10 @@ __all__ = ["diagnose_json", "finding_json"]
 
 
 def finding_json(f: Any) -> dict[str, Any]:
-    """One finding as JSON: pitfall, title, message, and its own ``fix``/``fix_zh`` when it has one."""
+    """One finding as JSON: pitfall, title, message, and its own ``fix`` when it has one."""
     out = {"pitfall": int(getattr(f, "pitfall", 0)), "title": str(getattr(f, "title", f)), "message": str(getattr(f, "message", ""))}
-    for key in ("fix", "fix_zh"):
-        if getattr(f, key, ""):
-            out[key] = str(getattr(f, key))
+    if getattr(f, "fix", ""):
+        out["fix"] = str(f.fix)
     return out
 
 

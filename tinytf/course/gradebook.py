@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..translation import _
 from .notebook import write_atomic
 
 __all__ = ["STATUSES", "CellResult", "ExerciseResult", "aggregate", "whole", "plain_html", "summary_text",
@@ -81,8 +82,8 @@ def plain_html(ex: str, student: str, cells: list[CellResult], note: str, lang: 
         f"<td>{html.escape(translate(c.message, lang))}</td></tr>"
         for c in cells
     )
-    heads = ("测试单元", "得分", "状态", "说明") if lang == "zh" else ("test cell", "points", "status", "details")
-    head_row = "".join(f"<th>{h}</th>" for h in heads)
+    heads = (_("test cell", lang), _("points", lang), _("status", lang), _("details", lang))
+    head_row = "".join(f"<th>{html.escape(h)}</th>" for h in heads)
     return (
         f"<!DOCTYPE html>\n<html lang='{'zh-CN' if lang == 'zh' else 'en'}'><head><meta charset='utf-8'>"
         f"<title>{html.escape(ex)} — {html.escape(student)}</title></head><body>"

@@ -26,6 +26,7 @@ from typing import Any
 
 from tinytf.language import notebook_language
 
+from ..translation import _
 from .check_report import CellCheck, Report, format_report
 from .diagnosis import diagnose_json
 from .messages import say
@@ -120,7 +121,7 @@ def self_check(exercise: str) -> None:
 
         if find_released(exercise, released_folder("en", None)) is None and importlib.util.find_spec(
                 f"tinytf.course.reference.{exercise}") is None:
-            print(say("sc_error", notebook_language(), ex=exercise, error=f"there is no exercise {exercise}"))
+            print(say("sc_error", notebook_language(), ex=exercise, error=_("there is no exercise {exercise}").format(exercise=exercise)))
             return
         report = in_kernel_check(exercise)
         print(format_report(report, title=say("sc_title", report.lang, ex=exercise)))
@@ -131,4 +132,4 @@ def self_check(exercise: str) -> None:
     except KeyboardInterrupt:
         print(say("sc_interrupted", notebook_language(), ex=exercise, ran=time.monotonic() - started))
     except BaseException as err:  # noqa: BLE001 - the last cell of an exercise must never fail
-        print(f"{exercise} self-check could not run ({type(err).__name__}: {first_line(str(err))}).")
+        print(say("sc_error", notebook_language(), ex=exercise, error=f"{type(err).__name__}: {first_line(str(err))}"))

@@ -23,6 +23,7 @@ from typing import Any
 
 from tinytf.language import edition_of
 
+from ..translation import _
 from .check_report import CellCheck, Report, format_report
 from .diagnosis import diagnose_json
 from .messages import say
@@ -58,7 +59,7 @@ def _diag_code(ex: str, skip: list[str]) -> str:
 def _mark_stopped(cell: Any, ran: float, timeout: int) -> None:
     """A cell stopped for time: its ``KeyboardInterrupt`` (the interrupt that stopped it) becomes a ``CellTimeoutError``."""
     outs = [o for o in cell.get("outputs", []) if not (o.get("output_type") == "error" and o.get("ename") == "KeyboardInterrupt")]
-    text = f"the cell was stopped after {ran:.0f} s (the limit is {timeout} s per cell)"
+    text = _("the cell was stopped after {ran:.0f} s (the limit is {timeout} s per cell)").format(ran=ran, timeout=timeout)
     outs.append({"output_type": "error", "ename": "CellTimeoutError", "evalue": text, "traceback": [f"CellTimeoutError: {text}"]})
     cell["outputs"] = outs
 
@@ -93,7 +94,8 @@ def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float
         with client.setup_kernel():
             for i, cell in enumerate(node.cells):
                 if time.monotonic() > deadline:
-                    run.fatal = f"the notebook ran for more than {notebook_timeout:g} s; the remaining cells were not run"
+                    run.fatal = (_("the notebook ran for more than {limit:g} s; the remaining cells were not run")
+                                 .format(limit=notebook_timeout))
                     break
                 if i == len(node.cells) - 1:  # the diagnosis skips the tests already stopped for time
                     skip = [nbgrader_meta(node.cells[j]).get("grade_id") for j in run.stopped if is_test_cell(node.cells[j])]
@@ -104,16 +106,16 @@ def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float
                     run.stopped[i] = time.monotonic() - started
                     _mark_stopped(cell, run.stopped[i], limits.get(i, timeout))
     except DeadKernelError:
-        run.fatal = "the kernel died (os._exit, a crash, or out of memory); the cells after it did not run"
+        run.fatal = _("the kernel died (os._exit, a crash, or out of memory); the cells after it did not run")
     except Exception as err:  # noqa: BLE001 - report, do not crash
-        run.fatal = f"the notebook could not be run: {type(err).__name__}: {err}"[:300]
+        run.fatal = _("the notebook could not be run: {error}").format(error=f"{type(err).__name__}: {err}")[:300]
     for out in node.cells[-1].get("outputs", []):
         text = cell_source({"source": out.get("text", "")})
         if _MARK in text:
             try:
                 run.diag = json.loads(text.split(_MARK, 1)[1].strip())
             except json.JSONDecodeError:
-                run.diag = {"error": "the diagnosis output could not be read"}
+                run.diag = {"error": _("the diagnosis output could not be read")}
     run.executed = nbformat.from_dict(node)
     return run
 

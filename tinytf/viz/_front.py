@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..language import notebook_language
+from ..translation import N_, _
 
 __all__ = ["is_headless", "interactive_figure", "HEADLESS_ENV", "figure_or_message", "message_figure", "render_png", "png_bytes",
            "choices", "remember", "recall", "LiveFigure", "STATIC_NOTE", "STATIC_NOTE_ZH", "log_axes", "keep_legend"]
@@ -32,8 +33,8 @@ _PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Figure -> its
 
 
 # printed above the static figure of a widget (papermill, nbval, CI, the book)
-STATIC_NOTE = "A static figure: run this notebook in JupyterLab for the live controls."
-STATIC_NOTE_ZH = "这是一张静态图：在 JupyterLab 中运行这个 notebook，就能使用可交互的控件。"
+STATIC_NOTE = N_("A static figure: run this notebook in JupyterLab for the live controls.")
+STATIC_NOTE_ZH = _(STATIC_NOTE, "zh")
 
 
 def is_headless() -> bool:
@@ -98,7 +99,7 @@ def message_figure(err: Exception) -> Any:
 
     fig, ax = plt.subplots(figsize=(6, 1.2))
     ax.axis("off")
-    ax.text(0.0, 0.5, f"cannot draw: {err}", wrap=True, va="center", fontsize=9, color="#b00020")
+    ax.text(0.0, 0.5, _("cannot draw: {error}").format(error=err), wrap=True, va="center", fontsize=9, color="#b00020")
     return fig
 
 
@@ -237,7 +238,7 @@ def interactive_figure(
 
     if is_headless():
         fig = figure_or_message(figure_fn, **values())
-        print(STATIC_NOTE_ZH if notebook_language() == "zh" else STATIC_NOTE)
+        print(_(STATIC_NOTE, notebook_language()))
         _show(fig)
         return fig
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..translation import N_, _
 from ._front import interactive_figure, recall, remember
 from .attention_weights import DIM, MASKS, PAD, SCALINGS, TOKENIZERS, explorer_weights, tokenize
 from .cells import CellLabels
@@ -36,6 +37,15 @@ __all__ = [
     "TOKENIZERS",
     "PAD",
 ]
+
+# the options as the controls show them (values stay the names in attention_weights)
+_OPTION_LABELS = {"none": N_("none"), "causal": N_("causal"), "padding": N_("padding"), "both": N_("both"),
+                  "temperature": N_("temperature"), "auto": N_("auto"), "words": N_("words"), "chars": N_("chars")}
+
+
+def _labelled(options: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``[(label, value), ...]`` for a Dropdown: each option in the student's language, its value unchanged."""
+    return [(_(_OPTION_LABELS[o]) if o in _OPTION_LABELS else o, o) for o in options]
 
 
 @dataclass
@@ -58,7 +68,7 @@ class _Heatmap:
 def _heatmap_data(head: int, heads: int, annotate: bool | None, options: dict[str, Any]) -> dict[str, Any]:
     """Everything the heatmap shows, computed (and validated) before any artist is touched."""
     if not 0 <= head < heads:
-        raise ValueError(f"head must lie in [0, {heads - 1}] for heads={heads}, got {head}")
+        raise ValueError(_("head must lie in [0, {value}] for heads={heads}, got {head}").format(value=heads - 1, heads=heads, head=head))
     tokens, weights, allowed, scale = explorer_weights(heads=heads, **options)
     t, scaling, temperature = len(tokens), options["scaling"], options["temperature"]
     scale_txt = {"1/sqrt(d)": f"1/sqrt({DIM // heads})", "none": "1"}.get(scaling, f"1/({temperature:g}·sqrt({DIM // heads}))")
@@ -67,7 +77,8 @@ def _heatmap_data(head: int, heads: int, annotate: bool | None, options: dict[st
         "w": weights[head].numpy(),  # [T, T]
         "blocked": ~allowed.numpy(),  # [T, T]
         "annotate": t <= 12 if annotate is None else annotate,
-        "title": f"head {head} of {heads} · mask: {options['mask']} · scale {scale_txt} = {scale:.3f}",
+        "title": _("head {head} of {heads} · mask: {mask} · scale {scale_txt} = {scale:.3f}").format(head=head, heads=heads,
+            mask=_(_OPTION_LABELS.get(options["mask"], options["mask"])), scale_txt=scale_txt, scale=scale),
     }
 
 
@@ -91,10 +102,10 @@ def _heatmap_layout(tokens: tuple[str, ...], annotate: bool) -> tuple[Any, _Heat
     labels = [displayable(w, cjk_ok) for w in tokens]
     ax.set_xticks(range(t), labels, rotation=60, ha="right")
     ax.set_yticks(range(t), labels)
-    ax.set_xlabel("key (attended to)")
-    ax.set_ylabel("query (attending)")
+    ax.set_xlabel(_("key (attended to)"))
+    ax.set_ylabel(_("query (attending)"))
     title = ax.set_title("", fontsize=9, y=1.0)  # y given: no per-draw title placement
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight (each row sums to 1)")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=_("weight (each row sums to 1)"))
     return fig, _Heatmap((tokens, annotate), im, title, cells, hatches)
 
 
@@ -180,20 +191,21 @@ def attention_explorer(
 
     divisors = [h for h in range(1, DIM + 1) if DIM % h == 0 and h <= 8]
     if heads not in divisors:
-        raise ValueError(f"heads must be one of {divisors} (the explorer's model has dim {DIM}), got {heads}")
+        raise ValueError(_("heads must be one of {divisors} (the explorer's model has dim {DIM}), got {heads}").format(divisors=divisors,
+            DIM=DIM, heads=heads))
     style = {"description_width": "initial"}
     controls = {
-        "sentence": widgets.Text(value=sentence, description="sentence", continuous_update=False,
+        "sentence": widgets.Text(value=sentence, description=_("sentence"), continuous_update=False,
                                  layout=widgets.Layout(width="340px")),
-        "tokenizer": widgets.Dropdown(options=list(TOKENIZERS), value=tokenizer, description="tokens",
+        "tokenizer": widgets.Dropdown(options=_labelled(TOKENIZERS), value=tokenizer, description=_("tokens"),
                                       layout=widgets.Layout(width="180px")),
-        "mask": widgets.Dropdown(options=list(MASKS), value=mask, description="mask", layout=widgets.Layout(width="180px")),
-        "scaling": widgets.Dropdown(options=list(SCALINGS), value=scaling, description="scaling",
+        "mask": widgets.Dropdown(options=_labelled(MASKS), value=mask, description=_("mask"), layout=widgets.Layout(width="180px")),
+        "scaling": widgets.Dropdown(options=_labelled(SCALINGS), value=scaling, description=_("scaling"),
                                     layout=widgets.Layout(width="210px")),
-        "temperature": widgets.FloatLogSlider(value=temperature, base=10, min=-1, max=1, step=0.05, description="temperature",
+        "temperature": widgets.FloatLogSlider(value=temperature, base=10, min=-1, max=1, step=0.05, description=_("temperature"),
                                               continuous_update=False, style=style),
-        "heads": widgets.Dropdown(options=divisors, value=heads, description="heads", layout=widgets.Layout(width="150px")),
-        "head": widgets.IntSlider(value=head, min=0, max=heads - 1, description="head", continuous_update=False),
+        "heads": widgets.Dropdown(options=divisors, value=heads, description=_("heads"), layout=widgets.Layout(width="150px")),
+        "head": widgets.IntSlider(value=head, min=0, max=heads - 1, description=_("head"), continuous_update=False),
     }
 
     def sync_head(change: dict) -> None:  # keep head < heads; runs before the redraw observer

@@ -16,6 +16,7 @@ import torch
 from ..attention import scaled_dot_product_attention
 from ..heads import MultiHeadAttention
 from ..masks import causal_mask
+from ..translation import _, gettext
 from .fonts import has_cjk
 
 __all__ = ["explorer_weights", "tokenize", "MASKS", "SCALINGS", "TOKENIZERS", "PAD", "DIM", "MAX_TOKENS"]
@@ -35,7 +36,7 @@ def tokenize(sentence: str, mode: str = "auto") -> list[str]:
     between words (``"猫坐在垫子上"`` -> 6 tokens), words otherwise.
     """
     if mode not in TOKENIZERS:
-        raise ValueError(f"tokenize: mode must be one of {TOKENIZERS}, got {mode!r}")
+        raise ValueError(_("tokenize: mode must be one of {TOKENIZERS}, got {mode!r}").format(TOKENIZERS=TOKENIZERS, mode=mode))
     if mode == "auto":
         mode = "chars" if has_cjk(sentence) else "words"
     if mode == "words":
@@ -53,14 +54,15 @@ def _build_tokens(sentence: str, tokenizer: str, mask: str, pad_to: int | None) 
     """Tokens (padded when the mask uses padding) and the number of real tokens."""
     tokens = tokenize(sentence, tokenizer)
     if not tokens:
-        raise ValueError("the sentence is empty: type a few words")
+        raise ValueError(_("the sentence is empty: type a few words"))
     if len(tokens) > MAX_TOKENS:
-        raise ValueError(f"{len(tokens)} tokens is too many for a readable heatmap; use at most {MAX_TOKENS}")
+        raise ValueError(_("{n_tokens} tokens is too many for a readable heatmap; use at most {MAX_TOKENS}").format(
+            n_tokens=len(tokens), MAX_TOKENS=MAX_TOKENS))
     real = len(tokens)
     if mask in ("padding", "both"):
         target = real + 2 if pad_to is None else pad_to
         if target < real:
-            raise ValueError(f"pad_to={pad_to} is shorter than the sentence ({real} tokens)")
+            raise ValueError(_("pad_to={pad_to} is shorter than the sentence ({real} tokens)").format(pad_to=pad_to, real=real))
         tokens = tokens + [PAD] * (target - real)
     return tokens, real
 
@@ -85,13 +87,13 @@ def explorer_weights(
     the sentence is padded with ``<pad>`` to ``pad_to`` tokens (default: 2 more), on ``pad_side``.
     """
     if mask not in MASKS:
-        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+        raise ValueError(gettext("mask must be one of {MASKS}, got {mask!r}").format(MASKS=MASKS, mask=mask))
     if scaling not in SCALINGS:
-        raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+        raise ValueError(gettext("scaling must be one of {SCALINGS}, got {scaling!r}").format(SCALINGS=SCALINGS, scaling=scaling))
     if pad_side not in ("right", "left"):
-        raise ValueError(f"pad_side must be 'right' or 'left', got {pad_side!r}")
+        raise ValueError(gettext("pad_side must be 'right' or 'left', got {pad_side!r}").format(pad_side=pad_side))
     if scaling == "temperature" and not temperature > 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
+        raise ValueError(gettext("temperature must be positive, got {temperature}").format(temperature=temperature))
     tokens, real = _build_tokens(sentence, tokenizer, mask, pad_to)
     if pad_side == "left":
         tokens = tokens[real:] + tokens[:real]

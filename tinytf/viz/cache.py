@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..memory import GiB, dtype_bytes, format_bytes, kv_cache_bytes
+from ..translation import _, gettext
 from ._front import choices, interactive_figure, keep_legend, log_axes, recall, remember
 
 __all__ = ["CAPACITIES_GIB", "cache_tokens_that_fit", "cache_figure", "update_cache_figure", "cache_explorer"]
@@ -56,9 +57,9 @@ def _cache_data(batch: int, layers: int, heads: int, head_dim: int, dtype: str, 
 
     for name, val in (("batch", batch), ("layers", layers), ("heads", heads), ("head_dim", head_dim)):
         if val < 1:
-            raise ValueError(f"{name} must be positive, got {val}")
+            raise ValueError(_("{name} must be positive, got {val}").format(name=name, val=val))
     if t_min < 1 or t_max <= t_min:
-        raise ValueError(f"need 1 <= t_min < t_max, got t_min={t_min}, t_max={t_max}")
+        raise ValueError(_("need 1 <= t_min < t_max, got t_min={t_min}, t_max={t_max}").format(t_min=t_min, t_max=t_max))
     ts = np.unique(np.geomspace(t_min, t_max, 64).round().astype(int))
     kv = {"kv_heads": kv_heads, "window": window}
     stored = kv_heads or heads
@@ -66,13 +67,14 @@ def _cache_data(batch: int, layers: int, heads: int, head_dim: int, dtype: str, 
     for cap in capacities_gib:
         fit = cache_tokens_that_fit(cap * GiB, batch=batch, layers=layers, heads=heads, head_dim=head_dim, dtype=dtype,
                                     reserved_bytes=reserved_gib * GiB, kv_heads=kv_heads)
-        label = f"{cap:g} GiB" + (f" − {reserved_gib:g} GiB weights" if reserved_gib else "")
+        label = _("{cap:g} GiB").format(cap=cap) + (_(" − {reserved_gib:g} GiB weights").format(reserved_gib=reserved_gib)
+                                                    if reserved_gib else "")
         if window is not None and fit >= window:  # the rolling cache of `window` tokens fits: so does every T
-            fit, label = None, label + f" (every T fits: window={window:,})"
+            fit, label = None, label + _(" (every T fits: window={window:,})").format(window=window)
         caps.append((cap - reserved_gib, label, fit if fit is not None and t_min <= fit <= t_max else None))
     per_tok = kv_cache_bytes(1, layers, heads, 1, head_dim, dtype, kv_heads=kv_heads)
     last = format_bytes(kv_cache_bytes(batch, layers, heads, int(ts[-1]), head_dim, dtype, **kv))
-    saving = f", {heads // stored}× smaller than H={heads}" if stored != heads else ""
+    saving = _(", {value}× smaller than H={heads}").format(value=heads // stored, heads=heads) if stored != heads else ""
     return {
         "key": (tuple(ts), tuple(sorted(set(batches))), tuple(capacities_gib)),
         "ts": ts,
@@ -80,10 +82,11 @@ def _cache_data(batch: int, layers: int, heads: int, head_dim: int, dtype: str, 
                 for b in set(batches) | {batch}},
         "batch": batch,
         "caps": caps,
-        "title": (f"layers={layers}, H={heads}, K/V heads={stored}, d_head={head_dim}, {dtype} ({dtype_bytes(dtype)} B/elem): "
-                  f"{format_bytes(per_tok)} per token per sequence{saving}\n"
-                  f"= 2 (K,V) × {layers} × {stored} × {head_dim} × {dtype_bytes(dtype)} B"
-                  + (f", at most {window:,} tokens (window)" if window is not None else "")
+        "title": (_("layers={layers}, H={heads}, K/V heads={stored}, d_head={head_dim}, {dtype} ({dtype_bytes} B/elem): {format_bytes} "
+                    "per token per sequence{saving}\n= 2 (K,V) × {layers} × {stored} × {head_dim} × {dtype_bytes} B").format(
+                        layers=layers, heads=heads, stored=stored, head_dim=head_dim, dtype=dtype, dtype_bytes=dtype_bytes(dtype),
+                        format_bytes=format_bytes(per_tok), saving=saving)
+                  + (_(", at most {window:,} tokens (window)").format(window=window) if window is not None else "")
                   + f"; B={batch} at T={ts[-1]:,}: {last}"),
     }
 
@@ -104,8 +107,8 @@ def _cache_layout(key: tuple) -> tuple[Any, _CacheParts]:
             for _, color in zip(capacities, _CAP_COLORS * 3)]
     log_axes(ax)
     ax.set_xlim(ts[0], ts[-1] * 1.6)
-    ax.set_xlabel("context length T (tokens per sequence)")
-    ax.set_ylabel("KV cache (GiB)")
+    ax.set_xlabel(gettext("context length T (tokens per sequence)"))
+    ax.set_ylabel(gettext("KV cache (GiB)"))
     ax.grid(True, which="major", alpha=0.3)
     return fig, _CacheParts(key, ax, bold, thin, caps)
 
@@ -119,7 +122,7 @@ def _cache_fill(parts: _CacheParts, data: dict[str, Any]) -> None:
         line.set_visible(b != batch)
         label.set_visible(b != batch)
     parts.bold.set_ydata(gib[batch])
-    parts.bold.set_label(f"KV cache, B={batch}")
+    parts.bold.set_label(gettext("KV cache, B={batch}").format(batch=batch))
     for (hline, vline, note), (left, label, fit) in zip(parts.caps, data["caps"]):
         room = left > 0  # weights larger than the device: no line for it
         hline.set_visible(room)
@@ -207,18 +210,18 @@ def cache_explorer(
     controls = {
         "batch": widgets.Dropdown(options=choices(batch, [1, 2, 4, 8, 16, 32, 64, 128, 256]), value=batch, description="B",
                                   layout=widgets.Layout(width="140px")),
-        "layers": widgets.IntSlider(value=layers, min=1, max=max(96, layers), description="layers", continuous_update=False),
+        "layers": widgets.IntSlider(value=layers, min=1, max=max(96, layers), description=_("layers"), continuous_update=False),
         "heads": widgets.Dropdown(options=choices(heads, [1, 2, 4, 8, 16, 32, 64]), value=heads, description="H",
                                   layout=widgets.Layout(width="130px")),
         "kv_heads": widgets.Dropdown(options=_optional(kv_heads, [1, 2, 4, 8, 16, 32, 64], "= H"), value=kv_heads,
-                                     description="K/V heads", layout=widgets.Layout(width="170px")),
-        "window": widgets.Dropdown(options=_optional(window, [1024, 4096, 8192, 32768], "off"), value=window,
-                                   description="window", layout=widgets.Layout(width="170px")),
+                                     description=_("K/V heads"), layout=widgets.Layout(width="170px")),
+        "window": widgets.Dropdown(options=_optional(window, [1024, 4096, 8192, 32768], _("off")), value=window,
+                                   description=_("window"), layout=widgets.Layout(width="170px")),
         "head_dim": widgets.Dropdown(options=choices(head_dim, [32, 64, 128, 256]), value=head_dim, description="d_head",
                                      layout=widgets.Layout(width="150px")),
-        "dtype": widgets.ToggleButtons(options=["fp32", "bf16", "fp16"], value=dtype, description="dtype",
+        "dtype": widgets.ToggleButtons(options=["fp32", "bf16", "fp16"], value=dtype, description=_("dtype"),
                                        style={"button_width": "50px"}),
-        "reserved_gib": widgets.FloatSlider(value=reserved_gib, min=0.0, max=140.0, step=1.0, description="weights GiB",
+        "reserved_gib": widgets.FloatSlider(value=reserved_gib, min=0.0, max=140.0, step=1.0, description=_("weights GiB"),
                                             continuous_update=False),
     }
     return interactive_figure(cache_figure, controls, fixed=fixed, update_fn=update_cache_figure)

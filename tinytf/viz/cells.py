@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 from matplotlib.artist import Artist
 
+from ..translation import gettext
+
 __all__ = ["CellLabels"]
 
 _BITMAPS: dict[tuple, np.ndarray] = {}  # (text, colour, family, size, dpi) -> RGBA [h, w, 4], uint8
@@ -60,7 +62,8 @@ class CellLabels(Artist):
         """The labels and colours of all cells, row-major (``n_rows * n_cols`` of each)."""
         n = self.shape[0] * self.shape[1]
         if len(texts) != n or len(colors) != n:
-            raise ValueError(f"set_cells: need {n} texts and colours for a {self.shape} grid, got {len(texts)} and {len(colors)}")
+            raise ValueError(gettext("set_cells: need {n} texts and colours for a {shape} grid, got {n_texts} and {n_colors}").format(n=n,
+                shape=self.shape, n_texts=len(texts), n_colors=len(colors)))
         self._texts, self._colors = list(texts), list(colors)
         self.stale = True
 

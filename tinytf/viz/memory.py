@@ -14,6 +14,7 @@ from typing import Any
 
 from ..lm import ModelConfig
 from ..memory import ATTENTION_PATHS, GiB, Ledger, dtype_bytes, format_bytes, ledger
+from ..translation import N_, _
 from ._front import choices, interactive_figure, keep_legend, log_axes, recall, remember
 
 __all__ = ["token_grid", "memory_curves", "capacity_crossing", "memory_figure", "update_memory_figure", "memory_explorer", "CAPACITIES_GIB"]
@@ -28,11 +29,15 @@ _DEFAULTS = {"batch": 8, "heads": 16, "dim": 1024, "layers": 24, "vocab": 32000,
              "mode": "training", "attention": "explicit", "optimizer": "adamw", "mixed_precision": False, "capacity_gib": 80,
              "t_min": 128, "t_max": 131072, "measured": None, "measured_label": "measured"}
 
+# the ledger's components as the stacked bands' legend names them (Ledger.COMPONENTS, "_" as a space)
+_BANDS = (N_("parameters"), N_("gradients"), N_("optimizer state"), N_("master weights"), N_("hidden"), N_("ffn"), N_("attention"),
+          N_("logits"), N_("other"), N_("kv cache"))
+
 
 def token_grid(t_min: int = 128, t_max: int = 131072, per_octave: int = 4) -> list[int]:
     """Context lengths from ``t_min`` to ``t_max``, ``per_octave`` points per doubling (even integers)."""
     if t_min < 2 or t_max <= t_min:
-        raise ValueError(f"need 2 <= t_min < t_max, got t_min={t_min}, t_max={t_max}")
+        raise ValueError(_("need 2 <= t_min < t_max, got t_min={t_min}, t_max={t_max}").format(t_min=t_min, t_max=t_max))
     out, k = [], 0
     while True:
         t = int(round(t_min * 2 ** (k / per_octave) / 2) * 2)
@@ -78,9 +83,10 @@ def _memory_data(batch: int, heads: int, dim: int, layers: int, vocab: int, expa
     import numpy as np
 
     if mode not in ("training", "inference"):
-        raise ValueError(f"mode must be 'training' or 'inference', got {mode!r}")
+        raise ValueError(_("mode must be 'training' or 'inference', got {mode!r}").format(mode=mode))
     if dim % heads:
-        raise ValueError(f"dim={dim} is not divisible by heads={heads}: pick heads among the divisors of {dim}")
+        raise ValueError(_("dim={dim} is not divisible by heads={heads}: pick heads among the divisors of {dim}").format(dim=dim,
+            heads=heads))
     config = ModelConfig(vocab, dim, heads, layers, t_max, expansion)
     ts = token_grid(t_min, t_max)
     kwargs = {"training": mode == "training", "attention": attention}
@@ -89,15 +95,17 @@ def _memory_data(batch: int, heads: int, dim: int, layers: int, vocab: int, expa
     leds = memory_curves(config, batch, ts, dtype, **kwargs)
     names = tuple(n for n in Ledger.COMPONENTS if any(getattr(led, n) for led in leds))
     stacks = np.array([[getattr(led, n) / GiB for led in leds] for n in names])
-    what = f"{mode}, {attention} attention, {dtype} ({dtype_bytes(dtype)} B/elem)" + (", mixed precision" if mixed_precision else "")
+    what = _("{mode}, {attention} attention, {dtype} ({dtype_bytes} B/elem)").format(mode=_(mode), attention=attention, dtype=dtype,
+        dtype_bytes=dtype_bytes(dtype)) + (_(", mixed precision") if mixed_precision else "")
     last = leds[-1]
     points = tuple((int(t), float(b)) for t, b in measured) if measured else ()
     return {
         "key": (tuple(ts), names, points, measured_label),
         "ts": ts, "tops": stacks.cumsum(axis=0), "totals": stacks.sum(axis=0), "capacity_gib": capacity_gib,
         "cross": capacity_crossing(leds, capacity_gib * GiB),
-        "title": f"B={batch}, H={heads}, D={dim}, layers={layers}, V={vocab}: {what}\n"
-                 f"at T={last.tokens:,}: total {format_bytes(last.total)}, attention {format_bytes(last.attention)}",
+        "title": _("B={batch}, H={heads}, D={dim}, layers={layers}, V={vocab}: {what}\nat T={last_tokens:,}: total {format_bytes}, "
+                   "attention {format_bytes2}").format(batch=batch, heads=heads, dim=dim, layers=layers, vocab=vocab, what=what,
+                       last_tokens=last.tokens, format_bytes=format_bytes(last.total), format_bytes2=format_bytes(last.attention)),
     }
 
 
@@ -107,8 +115,8 @@ def _memory_layout(key: tuple) -> tuple[Any, _MemoryParts]:
 
     ts, names, points, measured_label = key
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    stacks = [ax.fill_between(ts, 0, 1, facecolor=COLORS[n], alpha=0.85, label=n.replace("_", " ")) for n in names]
-    total = ax.plot(ts, ts, color="black", lw=1.2, label="total (ledger)")[0]
+    stacks = [ax.fill_between(ts, 0, 1, facecolor=COLORS[n], alpha=0.85, label=_(n.replace("_", " "))) for n in names]
+    total = ax.plot(ts, ts, color="black", lw=1.2, label=_("total (ledger)"))[0]
     capacity = ax.axhline(1, color="#b00020", ls="--", lw=1.3)
     cross = ax.axvline(ts[0], color="#b00020", lw=0.8, alpha=0.7)
     note = ax.annotate("", xy=(ts[0], 1), xytext=(6, 8), textcoords="offset points", color="#b00020", fontsize=9)
@@ -117,8 +125,8 @@ def _memory_layout(key: tuple) -> tuple[Any, _MemoryParts]:
         ax.scatter(mt, [b / GiB for b in mb], color="black", marker="x", s=50, zorder=5, label=measured_label)
     log_axes(ax)
     ax.set_xlim(ts[0], ts[-1])
-    ax.set_xlabel("context length T (tokens)")
-    ax.set_ylabel("GiB (stacked)")
+    ax.set_xlabel(_("context length T (tokens)"))
+    ax.set_ylabel(_("GiB (stacked)"))
     ax.grid(True, which="major", alpha=0.3)
     return fig, _MemoryParts(key, ax, stacks, total, capacity, cross, note)
 
@@ -133,13 +141,13 @@ def _memory_fill(parts: _MemoryParts, data: dict[str, Any]) -> None:
         band.set_data(ts, lo, hi)
     parts.total.set_ydata(totals)
     parts.capacity.set_ydata([cap, cap])
-    parts.capacity.set_label(f"device capacity {cap:g} GiB")
+    parts.capacity.set_label(_("device capacity {cap:g} GiB").format(cap=cap))
     parts.cross.set_visible(cross is not None)
     parts.cross_note.set_visible(cross is not None)
     if cross is not None:
         parts.cross.set_xdata([cross, cross])
         parts.cross_note.xy = (cross, cap)
-        parts.cross_note.set_text(f"exceeds {cap:g} GiB\nat T ≈ {cross:,}")
+        parts.cross_note.set_text(_("exceeds {cap:g} GiB\nat T ≈ {cross:,}").format(cap=cap, cross=cross))
     ax = parts.ax
     ax.set_ylim(max(totals.min() / 50, 1e-6), max(totals.max(), cap) * 3)
     ax.set_title(data["title"], fontsize=10, y=1.0)  # y given: no title placement pass at every draw
@@ -220,12 +228,13 @@ def memory_explorer(
                                   layout=widgets.Layout(width="130px")),
         "dim": widgets.Dropdown(options=choices(dim, [64, 256, 512, 768, 1024, 2048, 4096, 8192]), value=dim, description="D",
                                 layout=widgets.Layout(width="150px")),
-        "layers": widgets.IntSlider(value=layers, min=1, max=max(96, layers), description="layers", continuous_update=False),
-        "dtype": widgets.ToggleButtons(options=["fp32", "bf16", "fp16"], value=dtype, description="dtype",
+        "layers": widgets.IntSlider(value=layers, min=1, max=max(96, layers), description=_("layers"), continuous_update=False),
+        "dtype": widgets.ToggleButtons(options=["fp32", "bf16", "fp16"], value=dtype, description=_("dtype"),
                                        style={"button_width": "50px"}),
-        "mode": widgets.ToggleButtons(options=["training", "inference"], value=mode, description="mode",
+        "mode": widgets.ToggleButtons(options=[(_("training"), "training"), (_("inference"), "inference")],
+                                      value=mode, description=_("mode"),
                                       style={"button_width": "80px"}),
-        "attention": widgets.ToggleButtons(options=list(ATTENTION_PATHS), value=attention, description="attention",
+        "attention": widgets.ToggleButtons(options=list(ATTENTION_PATHS), value=attention, description=_("attention"),
                                            style={"button_width": "70px"}),
         "capacity_gib": widgets.Dropdown(options=capacities, value=capacity_gib, description="GiB",
                                          layout=widgets.Layout(width="130px")),

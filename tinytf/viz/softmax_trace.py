@@ -16,6 +16,7 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..tiled import TileStats, keys_needed, online_softmax_finish, online_softmax_update, tile_mask, tile_scores, tiled_attention
+from ..translation import _
 
 __all__ = ["SoftmaxTrace", "online_softmax_trace", "tile_steps", "check_row", "Q_STD"]
 
@@ -52,9 +53,10 @@ def check_row(row: int, tokens: int, block_q: int, block_k: int, head_dim: int) 
     """Raise ``ValueError`` unless the sizes are positive integers and ``row`` lies in ``[0, T)``."""
     for name, val in (("T", tokens), ("block_k", block_k), ("block_q", block_q), ("d", head_dim)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-            raise ValueError(f"{name} must be a positive integer, got {name}={val!r}")
+            raise ValueError(_("{name} must be a positive integer, got {name}={val!r}").format(name=name, val=val))
     if not 0 <= row < tokens:
-        raise ValueError(f"row must lie in [0, {tokens - 1}] for T={tokens}, got row={row}")
+        raise ValueError(_("row must lie in [0, {value}] for T={tokens}, got row={row}").format(value=tokens - 1, tokens=tokens,
+                                                                                                      row=row))
 
 
 def tile_steps(row: int, tokens: int, block_q: int, block_k: int, causal: bool) -> int:

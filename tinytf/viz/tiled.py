@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..translation import N_, _
 from ._front import interactive_figure, recall, remember
 from .softmax_trace import SoftmaxTrace, check_row, online_softmax_trace, tile_steps
 
@@ -28,7 +29,7 @@ __all__ = ["SoftmaxTrace", "online_softmax_trace", "tile_steps", "online_softmax
            "online_softmax_stepper", "GRID_STATES"]
 
 # the tile grid's cell states, in colour-map order
-GRID_STATES = ("skipped", "computed (other query blocks)", "done for this row", "current tile", "still to come")
+GRID_STATES = (N_("skipped"), N_("computed (other query blocks)"), N_("done for this row"), N_("current tile"), N_("still to come"))
 _GRID_COLORS = ("#eeeeee", "#c6d7ea", "#4c72b0", "#dd8452", "#9fb7d6")
 _FLOOR = 1e-10  # errors of exactly 0 are drawn here on the log axis
 
@@ -66,38 +67,40 @@ def _layout(key: tuple) -> tuple[Any, _StepperParts]:
           "out": fig.add_subplot(gs[1, 1]), "err": fig.add_subplot(gs[1, 2])}
     ax["l"] = ax["stats"].twinx()
     bars = ax["scores"].bar(range(t), np.zeros(t), width=0.8)
-    masked = ax["scores"].scatter([], [], marker="x", color="#8c8c8c", s=18, label="masked (future) key")
-    skipped = ax["scores"].axvspan(t, t, color="#eeeeee", zorder=0, label="keys of skipped tiles")
-    m_line = ax["scores"].axhline(0, color="#c44e52", ls="--", lw=1.2, label="running max m")
+    masked = ax["scores"].scatter([], [], marker="x", color="#8c8c8c", s=18, label=_("masked (future) key"))
+    skipped = ax["scores"].axvspan(t, t, color="#eeeeee", zorder=0, label=_("keys of skipped tiles"))
+    m_line = ax["scores"].axhline(0, color="#c44e52", ls="--", lw=1.2, label=_("running max m"))
     for b in range(0, t + 1, bk):
         ax["scores"].axvline(b - 0.5, color="#8c8c8c", lw=0.6, alpha=0.6)
-    ax["scores"].set(xlim=(-0.5, t - 0.5), xlabel="key position (grey lines: tile boundaries)", ylabel="scaled score")
-    ax["scores"].legend(handles=[Patch(color=_GRID_COLORS[2], label="keys seen"), Patch(color=_GRID_COLORS[3], label="current tile"),
-                                 Patch(color=_GRID_COLORS[4], label="still to come"), masked, skipped, m_line], fontsize=7, ncol=6,
+    ax["scores"].set(xlim=(-0.5, t - 0.5), xlabel=_("key position (grey lines: tile boundaries)"), ylabel=_("scaled score"))
+    ax["scores"].legend(handles=[Patch(color=_GRID_COLORS[2], label=_("keys seen")), Patch(color=_GRID_COLORS[3], label=_("current tile")),
+                                 Patch(color=_GRID_COLORS[4], label=_("still to come")), masked, skipped, m_line], fontsize=7, ncol=6,
                         loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
     lines = {"m": ax["stats"].plot([], [], color="#c44e52", alpha=0.25)[0], "l": ax["l"].plot([], [], color="#55a868", alpha=0.25)[0],
              "err": ax["err"].plot([], [], color="#4c72b0", alpha=0.25)[0], "seen": ax["err"].plot([], [], color="#dd8452", alpha=0.25)[0]}
-    labels = {"m": "m (running max)", "l": "l (running sum)", "err": "vs the exact answer", "seen": "vs attention over keys seen so far"}
+    labels = {"m": _("m (running max)"), "l": _("l (running sum)"), "err": _("vs the exact answer"), "seen": _("vs attention over keys "
+                                                                                                               "seen so far")}
     colors = {"m": "#c44e52", "l": "#55a868", "err": "#4c72b0", "seen": "#dd8452"}
     target = {"m": ax["stats"], "l": ax["l"], "err": ax["err"], "seen": ax["err"]}
     lines = {n: (faded, target[n].plot([], [], marker="o", color=colors[n], ms=4, label=labels[n], ls="--" if n == "seen" else "-")[0])
              for n, faded in lines.items()}
-    ax["stats"].set(xlabel="key tiles processed", ylabel="m")
+    ax["stats"].set(xlabel=_("key tiles processed"), ylabel="m")
     ax["l"].set_ylabel("l")
     ax["stats"].legend(handles=[lines["m"][1], lines["l"][1]], fontsize=7, loc="lower right")
-    ax["err"].set(yscale="log", xlabel="key tiles processed", ylabel=f"max |acc/l − target| (0 drawn at {_FLOOR:g})")
+    ax["err"].set(yscale="log", xlabel=_("key tiles processed"), ylabel=_("max |acc/l − target| (0 drawn at {FLOOR:g})").format(
+        FLOOR=_FLOOR))
     ax["err"].legend(fontsize=7, loc="lower left")
-    out_bars = ax["out"].bar(range(d), np.zeros(d), color="#4c72b0", label="acc / l now")
-    exact_pts = ax["out"].scatter(range(d), np.zeros(d), marker="_", s=300, color="black", zorder=3, label="exact output")
+    out_bars = ax["out"].bar(range(d), np.zeros(d), color="#4c72b0", label=_("acc / l now"))
+    exact_pts = ax["out"].scatter(range(d), np.zeros(d), marker="_", s=300, color="black", zorder=3, label=_("exact output"))
     ax["out"].axhline(0, color="black", lw=0.6)
-    ax["out"].set(xlabel="output feature", ylabel="value", xticks=range(d))
+    ax["out"].set(xlabel=_("output feature"), ylabel=_("value"), xticks=range(d))
     ax["out"].legend(fontsize=7, loc="lower left")
     now = [a.axvline(1, color="#8c8c8c", lw=0.8) for a in (ax["stats"], ax["err"])]
     nq, nk = math.ceil(t / bq), math.ceil(t / bk)
     grid = ax["grid"].imshow(np.zeros((nq, nk)), cmap=ListedColormap(_GRID_COLORS), vmin=-0.5, vmax=len(GRID_STATES) - 0.5)
     box = ax["grid"].add_patch(Rectangle((-0.5, -0.5), nk, 1, fill=False, edgecolor="black", lw=1.5))
-    ax["grid"].set(xlabel=f"key block ({bk} keys)", ylabel=f"query block ({bq} rows)")
-    ax["grid"].legend(handles=[Patch(color=c, label=s) for c, s in zip(_GRID_COLORS, GRID_STATES)], fontsize=7,
+    ax["grid"].set(xlabel=_("key block ({bk} keys)").format(bk=bk), ylabel=_("query block ({bq} rows)").format(bq=bq))
+    ax["grid"].legend(handles=[Patch(color=c, label=s) for c, s in zip(_GRID_COLORS, map(_, GRID_STATES))], fontsize=7,
                       loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     title = fig.suptitle("", fontsize=10, y=0.995)
     return fig, _StepperParts(key, ax, bars, masked, skipped, m_line, lines, out_bars, exact_pts, now, grid, box, title)
@@ -150,17 +153,20 @@ def _fill(parts: _StepperParts, trace: SoftmaxTrace, step: int) -> None:
     parts.grid.set_data(_grid_states(trace, step))
     parts.grid_box.set_y(trace.row // trace.block_q - 0.5)
     st = trace.stats
-    parts.axes["grid"].set_title(f"{st.computed} computed, {st.skipped} skipped of {st.total} tiles", fontsize=9, y=1.0)
-    parts.title.set_text(f"query row {trace.row} ({'causal' if trace.causal else 'no mask'}): after key tile {step} of {n} "
-                         f"(keys {k0}–{k1 - 1}): m = {m:.3f}, l = {float(trace.l[step - 1]):.3f}, "
-                         f"max |acc/l − exact| = {float((trace.out[step - 1] - trace.exact).abs().max()):.2e}")
+    parts.axes["grid"].set_title(_("{st_computed} computed, {st_skipped} skipped of {st_total} tiles").format(st_computed=st.computed,
+        st_skipped=st.skipped, st_total=st.total), fontsize=9, y=1.0)
+    parts.title.set_text(_("query row {trace_row} ({value}): after key tile {step} of {n} (keys {k0}–{value2}): m = {m:.3f}, l = "
+                           "{trace_l:.3f}, max |acc/l − exact| = {value_abs_max:.2e}").format(trace_row=trace.row,
+                               value=_('causal') if trace.causal else _('no mask'), step=step, n=n, k0=k0, value2=k1 - 1, m=m,
+                               trace_l=float(trace.l[step - 1]), value_abs_max=float((trace.out[step - 1] - trace.exact).abs().max())))
 
 
 def _step(trace: SoftmaxTrace, step: int | None) -> int:
     n = len(trace.tiles)
     step = n if step is None else step
     if not 1 <= step <= n:
-        raise ValueError(f"step must lie in [1, {n}]: query row {trace.row}'s block computes {n} key tiles, got step={step}")
+        raise ValueError(_("step must lie in [1, {n}]: query row {trace_row}'s block computes {n} key tiles, got step={step}").format(
+            n=n, trace_row=trace.row, step=step))
     return step
 
 
@@ -208,11 +214,11 @@ def online_softmax_stepper(row: int = 37, *, step: int | None = None, T: int = 6
     n = tile_steps(row, T, bq, block_k, causal)
     step = _step(online_softmax_trace(row, T=T, block_k=block_k, block_q=bq, causal=causal, d=d, seed=seed), step)
     controls = {
-        "row": widgets.IntSlider(value=row, min=0, max=T - 1, description="query row", continuous_update=False),
-        "step": widgets.IntSlider(value=step, min=1, max=n, description="key tiles", continuous_update=False),
-        "causal": widgets.Checkbox(value=causal, description="causal mask"),
+        "row": widgets.IntSlider(value=row, min=0, max=T - 1, description=_("query row"), continuous_update=False),
+        "step": widgets.IntSlider(value=step, min=1, max=n, description=_("key tiles"), continuous_update=False),
+        "causal": widgets.Checkbox(value=causal, description=_("causal mask")),
     }
-    play = widgets.Play(value=step, min=1, max=n, interval=800, description="play")
+    play = widgets.Play(value=step, min=1, max=n, interval=800, description=_("play"))
     widgets.jslink((play, "value"), (controls["step"], "value"))
 
     def sync_steps(_change: dict) -> None:  # the row's block decides how many tiles there are; runs before the redraw

@@ -19,6 +19,7 @@ from typing import Any
 
 from tinytf.checks import Finding, Pitfall
 
+from ...translation import _
 from ..exercises import EXERCISES
 
 __all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings", "not_implemented", "stub_or", "swapped", "with_cause"]
@@ -27,9 +28,9 @@ __all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings"
 
 def not_implemented(name: str) -> Finding:
     """The finding for a student's ``name`` that still raises ``NotImplementedError``."""
-    return Finding(Pitfall.GENERAL, f"{name} is not implemented yet", f"{name} still raises NotImplementedError.",
-                   fix="replace the raise NotImplementedError line with your code",
-                   fix_zh="把 raise NotImplementedError 这一行换成你的代码")
+    return Finding(Pitfall.GENERAL, _("{name} is not implemented yet").format(name=name),
+                   _("{name} still raises NotImplementedError.").format(name=name),
+                   fix=_("replace the raise NotImplementedError line with your code"))
 
 
 def call_student(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Finding | None]:
@@ -40,7 +41,8 @@ def call_student(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -
     except NotImplementedError:
         return None, not_implemented(name)
     except Exception as err:  # noqa: BLE001 - a student's bug becomes a message
-        return None, Finding(Pitfall.GENERAL, f"{name} raises {type(err).__name__}", f"{name} raised {type(err).__name__}: {err}")
+        return None, Finding(Pitfall.GENERAL, _("{name} raises {type}").format(name=name, type=type(err).__name__),
+                             _("{name} raised {type}: {err}").format(name=name, type=type(err).__name__, err=err))
 
 
 def stub_or(name: str, findings: list[Finding]) -> list[Finding]:
@@ -60,16 +62,17 @@ def check_parts(namespace: dict[str, Any], parts: Iterable[tuple[str | Sequence[
         names = (names,) if isinstance(names, str) else tuple(names)
         objs = [namespace.get(name) for name in names]
         missing = [name for name, obj in zip(names, objs) if not callable(obj)]
-        findings.extend(Finding(Pitfall.GENERAL, f"{name} is missing", f"the notebook defines no {name}.",
-                                fix=f"define {name} in the notebook (keep its name and signature) and run its cell",
-                                fix_zh=f"在 notebook 中定义 {name}（保留它的名字和签名），并运行该单元")
+        findings.extend(Finding(Pitfall.GENERAL, _("{name} is missing").format(name=name),
+                                _("the notebook defines no {name}.").format(name=name),
+                                fix=_("define {name} in the notebook (keep its name and signature) and run its cell").format(name=name))
                         for name in missing)
         if missing:
             continue
         try:
             findings.extend(check(*objs))
         except Exception as err:  # noqa: BLE001 - the diagnosis itself must never crash the notebook
-            findings.append(Finding(Pitfall.GENERAL, f"{names[0]} could not be checked", f"{type(err).__name__}: {err}"))
+            findings.append(Finding(Pitfall.GENERAL, _("{names} could not be checked").format(names=names[0]),
+                                    f"{type(err).__name__}: {err}"))
     return findings
 
 
@@ -123,11 +126,12 @@ def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed:
         except NotImplementedError:
             continue  # the diagnosis already says "not implemented yet"
         except Exception as err:  # noqa: BLE001 - a student's crash on fresh inputs is the finding
-            findings.append(Finding(Pitfall.GENERAL, f"{grade_id} fails on fresh inputs", f"{type(err).__name__}: {err}"))
+            findings.append(Finding(Pitfall.GENERAL, _("{grade_id} fails on fresh inputs").format(grade_id=grade_id),
+                                    f"{type(err).__name__}: {err}"))
             continue
         passed, message = run_judge(grade_id, value, inputs)
         if not passed:
-            findings.append(Finding(Pitfall.GENERAL, f"{grade_id} would not earn its points", message))
+            findings.append(Finding(Pitfall.GENERAL, _("{grade_id} would not earn its points").format(grade_id=grade_id), message))
     return findings
 
 

@@ -14,6 +14,7 @@ import torch
 from tinytf.checks import Finding, Pitfall, found
 from tinytf.checks.findings import tensor_relation
 
+from ...translation import _, gettext
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
 from .validators import close, differs, float_inputs, has_keys, shape_of, shapes, tensor
@@ -55,10 +56,10 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tu
 def _judge_hand_qk(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     q, k = float_inputs(q, k)
     assert q.reshape(-1).tolist() == sum(EXAMPLE_Q, []) and k.reshape(-1).tolist() == sum(EXAMPLE_K, []), (
-        "the example tensors q and k were changed; hand_qk is judged on the original example"
+        _("the example tensors q and k were changed; hand_qk is judged on the original example")
     )
-    close(tensor(value, (3, 3), "hand_qk"), (q @ k.transpose(-2, -1))[0], "hand_qk (row i = query i, column j = key j)", atol=1e-4,
-          given="the example q, k [1, 3, 4]", reference="q @ kᵀ")
+    close(tensor(value, (3, 3), "hand_qk"), (q @ k.transpose(-2, -1))[0], _("hand_qk (row i = query i, column j = key j)"), atol=1e-4,
+          given=_("the example q, k [1, 3, 4]"), reference="q @ kᵀ")
 
 
 @judge("ex01_scores")
@@ -67,29 +68,30 @@ def _judge_scores(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     expected = reference_scores(q, k)
     d = q.size(-1)
     close(tensor(value, expected.shape, "scores_by_hand(q, k)"), expected, "scores_by_hand(q, k)", given=shapes(q=q, k=k),
-          reference="q @ kᵀ / sqrt(d)", suspects={f"divided by d = {d} instead of sqrt(d)": 1 / math.sqrt(d),
-                                                  "not divided by sqrt(d)": math.sqrt(d)})
+          reference=_("q @ kᵀ / sqrt(d)"), suspects={_("divided by d = {d} instead of sqrt(d)").format(d=d): 1 / math.sqrt(d),
+                                                    _("not divided by sqrt(d)"): math.sqrt(d)})
 
 
 @judge("ex01_softmax")
 def _judge_softmax(value: Any, scores: torch.Tensor, large: torch.Tensor) -> None:
     scores, large = float_inputs(scores, large)
-    has_keys(value, ("weights", "large"), "the softmax record")
+    has_keys(value, ("weights", "large"), _("the softmax record"))
     close(tensor(value["weights"], scores.shape, "softmax_by_hand(scores)"), scores.softmax(-1), "softmax_by_hand(scores)",
           given=shapes(scores=scores), reference="torch.softmax(scores, dim=-1)")
-    big = tensor(value["large"], large.shape, "softmax_by_hand on large scores")
-    close(big, large.softmax(-1), "softmax_by_hand on large scores", given=shapes(scores=large), reference="torch.softmax(scores, dim=-1)")
+    big = tensor(value["large"], large.shape, _("softmax_by_hand on large scores"))
+    close(big, large.softmax(-1), _("softmax_by_hand on large scores"), given=shapes(scores=large), reference="torch.softmax(scores, "
+                                                                                                              "dim=-1)")
 
 
 @judge("ex01_attention")
 def _judge_attention(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    has_keys(value, ("out", "weights"), "the attention record")
+    has_keys(value, ("out", "weights"), _("the attention record"))
     q, k, v = float_inputs(q, k, v)
     out, weights = reference_attention(q, k, v)
     given, reference = shapes(q=q, k=k, v=v), "tinytf.scaled_dot_product_attention"
-    close(tensor(value["weights"], weights.shape, "attention_by_hand weights"), weights, "attention_by_hand weights", given=given,
+    close(tensor(value["weights"], weights.shape, _("attention_by_hand weights")), weights, _("attention_by_hand weights"), given=given,
           reference=reference)
-    close(tensor(value["out"], out.shape, "attention_by_hand out"), out, "attention_by_hand out", given=given, reference=reference)
+    close(tensor(value["out"], out.shape, _("attention_by_hand out")), out, _("attention_by_hand out"), given=given, reference=reference)
 
 
 # ---- self-check diagnosis ------------------------------------------------------------------------
@@ -103,8 +105,8 @@ def _probe() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def _diagnose_hand_qk(hand: Any) -> list[Finding]:
     if hand is None:
-        return [found(Pitfall.GENERAL, "hand_qk is not defined yet", "Task 1a asks for the QKᵀ table of the example.",
-                      fix="type your QKᵀ table as a nested list hand_qk[i][j]", fix_zh="把你的 QKᵀ 表写成嵌套列表 hand_qk[i][j]")]
+        return [found(Pitfall.GENERAL, _("hand_qk is not defined yet"), _("Task 1a asks for the QKᵀ table of the example."),
+                      fix=_("type your QKᵀ table as a nested list hand_qk[i][j]"))]
     try:
         table = torch.tensor(hand, dtype=torch.float32)
         ok = tuple(table.shape) == (3, 3) and torch.allclose(table, torch.tensor(EXAMPLE_Q) @ torch.tensor(EXAMPLE_K).T)
@@ -113,15 +115,13 @@ def _diagnose_hand_qk(hand: Any) -> list[Finding]:
     if ok:
         return []
     if _is_transposed(hand):
-        return [found(Pitfall.ORIENTATION, "hand_qk is transposed (it is KQᵀ)",
-                      "Row i must be query i and column j key j: entry [i][j] = q[i] · k[j]. Yours has rows = keys.",
-                      fix="transpose your table: row i = query i, entry [i][j] = q[i] · k[j]",
-                      fix_zh="把你的表转置：第 i 行是查询 i，元素 [i][j] = q[i] · k[j]")]
-    return [found(Pitfall.ORIENTATION, "hand_qk is not QKᵀ of the example",
-                  "Entry [i][j] is the dot product of query row i with key row j (no scaling yet): "
-                  "a 3 x 3 table, rows = queries, columns = keys.",
-                  fix="recompute each entry [i][j] = q[i] · k[j] of the 3 x 3 table (no scaling yet)",
-                  fix_zh="重新计算 3 x 3 表的每个元素 [i][j] = q[i] · k[j]（先不缩放）")]
+        return [found(Pitfall.ORIENTATION, _("hand_qk is transposed (it is KQᵀ)"),
+                      _("Row i must be query i and column j key j: entry [i][j] = q[i] · k[j]. Yours has rows = keys."),
+                      fix=_("transpose your table: row i = query i, entry [i][j] = q[i] · k[j]"))]
+    return [found(Pitfall.ORIENTATION, _("hand_qk is not QKᵀ of the example"),
+                  _("Entry [i][j] is the dot product of query row i with key row j (no scaling yet): "
+                    "a 3 x 3 table, rows = queries, columns = keys."),
+                  fix=_("recompute each entry [i][j] = q[i] · k[j] of the 3 x 3 table (no scaling yet)"))]
 
 
 def _is_transposed(hand: Any) -> bool:
@@ -139,21 +139,23 @@ def _diagnose_scores(fn: Any) -> list[Finding]:
         return [problem]
     expected = reference_scores(q, k)
     if not isinstance(s, torch.Tensor) or tuple(s.shape) != tuple(expected.shape):
-        hint = " (did you multiply by k instead of k.transpose(-2, -1)?)" if isinstance(s, torch.Tensor) else ""
-        return [found(Pitfall.ORIENTATION, "scores_by_hand returns the wrong shape",
-                      f"For q {list(q.shape)} and k {list(k.shape)} the scores must be [B, H, Tq, Tk] = "
-                      f"{list(expected.shape)}, got {shape_of(s)}{hint}.")]
+        hint = gettext(" (did you multiply by k instead of k.transpose(-2, -1)?)") if isinstance(s, torch.Tensor) else ""
+        return [found(Pitfall.ORIENTATION, gettext("scores_by_hand returns the wrong shape"),
+                      gettext("For q {q_shape} and k {k_shape} the scores must be [B, H, Tq, Tk] = {expected_shape}, got "
+                              "{s}{hint}.").format(
+                          q_shape=list(q.shape), k_shape=list(k.shape), expected_shape=list(expected.shape), s=shape_of(s), hint=hint))]
     if torch.allclose(s, expected, atol=1e-4):
         return []
     d = q.size(-1)
-    how = tensor_relation(s, expected, suspects={f"the scores are divided by d instead of sqrt(d) (d = {d})": 1 / math.sqrt(d),
-                                                 "the scores are not divided by sqrt(d)": math.sqrt(d)})
+    how = tensor_relation(s, expected,
+                          suspects={gettext("the scores are divided by d instead of sqrt(d) (d = {d})").format(d=d): 1 / math.sqrt(d),
+                                    gettext("the scores are not divided by sqrt(d)"): math.sqrt(d)})
     if how:
-        msg = f"scores_by_hand(q, k) is {how}."
+        msg = gettext("scores_by_hand(q, k) is {how}.").format(how=how)
     else:
         msg = (differs("scores_by_hand(q, k)", s, expected, f"q {list(q.shape)}, k {list(k.shape)}")
-               + ": the scores are q @ k.transpose(-2, -1) / sqrt(d) with d = q.size(-1) (the per-head width).")
-    return [found(Pitfall.SCALE, "scores_by_hand: wrong scaling or values", msg)]  # the catalog's fix is this one
+               + gettext(": the scores are q @ k.transpose(-2, -1) / sqrt(d) with d = q.size(-1) (the per-head width)."))
+    return [found(Pitfall.SCALE, gettext("scores_by_hand: wrong scaling or values"), msg)]  # the catalog's fix is this one
 
 
 def _diagnose_softmax(fn: Any) -> list[Finding]:
@@ -162,26 +164,23 @@ def _diagnose_softmax(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(w, torch.Tensor) or w.shape != scores.shape:
-        return [found(Pitfall.GENERAL, "softmax_by_hand changes the shape",
-                      f"scores {list(scores.shape)} must give weights of the same shape.",
-                      fix="reduce with keepdim=True and divide elementwise: e / e.sum(dim=-1, keepdim=True)",
-                      fix_zh="求和时用 keepdim=True，再逐元素相除：e / e.sum(dim=-1, keepdim=True)")]
+        return [found(Pitfall.GENERAL, _("softmax_by_hand changes the shape"),
+                      _("scores {scores_shape} must give weights of the same shape.").format(scores_shape=list(scores.shape)),
+                      fix=_("reduce with keepdim=True and divide elementwise: e / e.sum(dim=-1, keepdim=True)"))]
     if not torch.allclose(w.sum(-1), torch.ones(scores.shape[:-1]), atol=1e-4):
-        return [found(Pitfall.ORIENTATION, "softmax_by_hand: rows do not sum to one",
-                      "the weights must be normalised over the keys, the last axis.",
-                      fix="e / e.sum(dim=-1, keepdim=True): sum over the keys (dim=-1), not the queries",
-                      fix_zh="e / e.sum(dim=-1, keepdim=True)：在键的维度（dim=-1）上求和，而不是查询的维度")]
+        return [found(Pitfall.ORIENTATION, _("softmax_by_hand: rows do not sum to one"),
+                      _("the weights must be normalised over the keys, the last axis."),
+                      fix=_("e / e.sum(dim=-1, keepdim=True): sum over the keys (dim=-1), not the queries"))]
     if not torch.allclose(w, scores.softmax(-1), atol=1e-5):
-        return [found(Pitfall.GENERAL, "softmax_by_hand: wrong values",
-                      differs("softmax_by_hand(scores)", w, scores.softmax(-1), f"scores {list(scores.shape)}") + ".",
-                      fix="compute e = exp(scores - max) and e / e.sum(dim=-1, keepdim=True), as torch.softmax(scores, dim=-1) does",
-                      fix_zh="计算 e = exp(scores - max)，再求 e / e.sum(dim=-1, keepdim=True)，与 torch.softmax(scores, dim=-1) 相同")]
+        return [found(Pitfall.GENERAL, _("softmax_by_hand: wrong values"),
+                      differs("softmax_by_hand(scores)", w, scores.softmax(-1), _("scores {scores_shape}").format(
+                          scores_shape=list(scores.shape))) + ".",
+                      fix=_("compute e = exp(scores - max) and e / e.sum(dim=-1, keepdim=True), as torch.softmax(scores, dim=-1) does"))]
     big, problem = call_student("softmax_by_hand", fn, torch.tensor([[1000.0, 999.0, 0.0]]))
     if problem or not isinstance(big, torch.Tensor) or not bool(torch.isfinite(big).all()):
-        return [found(Pitfall.GENERAL, "softmax_by_hand overflows on large scores",
-                      "exp(1000) is inf in float32; subtracting each row's maximum does not change the softmax.",
-                      fix="subtract each row's maximum before exp: e = (scores - scores.amax(dim=-1, keepdim=True)).exp()",
-                      fix_zh="在 exp 之前减去每行的最大值：e = (scores - scores.amax(dim=-1, keepdim=True)).exp()")]
+        return [found(Pitfall.GENERAL, _("softmax_by_hand overflows on large scores"),
+                      _("exp(1000) is inf in float32; subtracting each row's maximum does not change the softmax."),
+                      fix=_("subtract each row's maximum before exp: e = (scores - scores.amax(dim=-1, keepdim=True)).exp()"))]
     return []
 
 
@@ -196,8 +195,9 @@ def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any]) -> list[Finding
         if problem:
             return [problem]
         if not (isinstance(res, (tuple, list)) and len(res) == 2):
-            return [found(Pitfall.GENERAL, "attention_by_hand must return (out, weights)", f"it returned {type(res).__name__}.",
-                          fix="return a pair: return weights @ v, weights", fix_zh="返回一对值：return weights @ v, weights")]
+            return [found(Pitfall.GENERAL, _("attention_by_hand must return (out, weights)"),
+                          _("it returned {type}.").format(type=type(res).__name__),
+                          fix=_("return a pair: return weights @ v, weights"))]
 
         def as_attention(q, k, v, mask=None):  # the mask is applied before the softmax
             if mask is None:
@@ -211,11 +211,10 @@ def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any]) -> list[Finding
     wrong_w = not (isinstance(w, torch.Tensor) and w.shape == ref_w.shape and torch.allclose(w, ref_w, atol=1e-4))
     if not findings and (wrong_out or wrong_w):
         given = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
-        findings.append(found(Pitfall.GENERAL, "attention_by_hand differs from tinytf",
-                              differs("attention_by_hand out" if wrong_out else "attention_by_hand weights",
+        findings.append(found(Pitfall.GENERAL, _("attention_by_hand differs from tinytf"),
+                              differs(_("attention_by_hand out") if wrong_out else _("attention_by_hand weights"),
                                       out if wrong_out else w, ref_out if wrong_out else ref_w, given) + ".",
-                              fix="return (weights @ v, weights) with weights = softmax_by_hand(scores_by_hand(q, k))",
-                              fix_zh="返回 (weights @ v, weights)，其中 weights = softmax_by_hand(scores_by_hand(q, k))"))
+                              fix=_("return (weights @ v, weights) with weights = softmax_by_hand(scores_by_hand(q, k))")))
     return findings
 
 

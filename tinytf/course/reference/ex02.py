@@ -14,6 +14,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
+from ...translation import _
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
 from .validators import bool_mask, close, differs, float_inputs, has_keys, shape_of, shapes, should_be, tensor
@@ -48,7 +49,8 @@ def _judge_mask(value: Any, lengths: list[int], t: int) -> None:
     expected = padding_mask([int(n) for n in lengths], int(t))
     value = tensor(value, expected.shape, "build_padding_mask(lengths, t)", dtype=torch.bool)
     assert torch.equal(value, expected), (
-        f"build_padding_mask(lengths, t) marks the wrong positions: {should_be(value, expected, f'lengths {list(lengths)}, t {t}')}")
+        _("build_padding_mask(lengths, t) marks the wrong positions: {should_be}").format(
+            should_be=should_be(value, expected, f'lengths {list(lengths)}, t {t}')))
 
 
 @judge("ex02_masked_softmax")
@@ -56,7 +58,7 @@ def _judge_masked_softmax(value: Any, scores: torch.Tensor, mask: Any) -> None:
     mask = bool_mask(mask)
     expected = reference_masked_softmax(*float_inputs(scores), mask)
     value = tensor(value, expected.shape, "masked_softmax(scores, mask)")
-    assert bool((value[~mask.expand_as(value)] == 0).all()), "masked_softmax: blocked weights are not exactly zero"
+    assert bool((value[~mask.expand_as(value)] == 0).all()), _("masked_softmax: blocked weights are not exactly zero")
     close(value, expected, "masked_softmax(scores, mask)", given=shapes(scores=scores, mask=mask))
 
 
@@ -93,24 +95,22 @@ def _diagnose_mask(fn: Any) -> list[Finding]:
     expected = padding_mask(lengths, t)
     if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
         got = m.dtype if isinstance(m, torch.Tensor) else type(m).__name__
-        return [found(Pitfall.GENERAL, "build_padding_mask must return a bool tensor", f"got {got}.",
-                      fix="build it from a comparison, torch.arange(t) < lengths[:, None], so it is torch.bool (True = may attend)",
-                      fix_zh="用比较来构造它：torch.arange(t) < lengths[:, None]，这样它就是 torch.bool（True 表示可以关注）")]
+        return [found(Pitfall.GENERAL, _("build_padding_mask must return a bool tensor"), _("got {got}.").format(got=got),
+                      fix=_("build it from a comparison, torch.arange(t) < lengths[:, None], so it is torch.bool (True = may attend)"))]
     if tuple(m.shape) != tuple(expected.shape):
-        hint = " A [B, T] mask on [B, H, T, T] scores is read as [Tq, Tk]." if m.dim() == 2 else ""
-        return [found(Pitfall.GENERAL, "build_padding_mask has the wrong shape",
-                      f"lengths {lengths}, t={t} must give [B, 1, 1, t] = {list(expected.shape)}, got {list(m.shape)}.{hint}",
-                      fix="return the [B, t] comparison with the head and query axes added: mask[:, None, None, :]",
-                      fix_zh="返回 [B, t] 的比较结果，并补上头和查询两个轴：mask[:, None, None, :]")]
+        hint = _(" A [B, T] mask on [B, H, T, T] scores is read as [Tq, Tk].") if m.dim() == 2 else ""
+        return [found(Pitfall.GENERAL, _("build_padding_mask has the wrong shape"),
+                      _("lengths {lengths}, t={t} must give [B, 1, 1, t] = {expected_shape}, got {m_shape}.{hint}").format(
+                          lengths=lengths, t=t, expected_shape=list(expected.shape), m_shape=list(m.shape), hint=hint),
+                      fix=_("return the [B, t] comparison with the head and query axes added: mask[:, None, None, :]"))]
     if torch.equal(m, ~expected):
-        return [found(Pitfall.MASK, "build_padding_mask uses the inverted convention",
-                      "True must mean 'may attend' (a real token), False = padding, as in F.scaled_dot_product_attention.",
-                      fix="flip the comparison: positions < lengths (True = real token), not positions >= lengths",
-                      fix_zh="把比较反过来：positions < lengths（True 表示真实 token），而不是 positions >= lengths")]
+        return [found(Pitfall.MASK, _("build_padding_mask uses the inverted convention"),
+                      _("True must mean 'may attend' (a real token), False = padding, as in F.scaled_dot_product_attention."),
+                      fix=_("flip the comparison: positions < lengths (True = real token), not positions >= lengths"))]
     if not torch.equal(m, expected):
-        return [found(Pitfall.GENERAL, "build_padding_mask marks the wrong positions",
-                      f"for lengths {lengths} and t={t}, key j of sequence b is real when j < lengths[b].",
-                      fix="compare torch.arange(t)[None, :] < lengths[:, None]", fix_zh="比较 torch.arange(t)[None, :] < lengths[:, None]")]
+        return [found(Pitfall.GENERAL, _("build_padding_mask marks the wrong positions"),
+                      _("for lengths {lengths} and t={t}, key j of sequence b is real when j < lengths[b].").format(lengths=lengths, t=t),
+                      fix=_("compare torch.arange(t)[None, :] < lengths[:, None]"))]
     return []
 
 
@@ -125,27 +125,25 @@ def _diagnose_masked_softmax(fn: Any) -> list[Finding]:
         return [problem]
     expected = reference_masked_softmax(scores, mask)
     if not isinstance(w, torch.Tensor) or w.shape != expected.shape:
-        return [found(Pitfall.GENERAL, "masked_softmax returns the wrong shape", f"expected {list(expected.shape)} (the scores' shape), "
-                      f"got {shape_of(w)}.",
-                      fix="mask the scores (they broadcast with the mask), then softmax(dim=-1): same shape as the scores",
-                      fix_zh="先对分数做掩码（它们与掩码广播），再 softmax(dim=-1)：形状与分数相同")]
+        return [found(Pitfall.GENERAL, _("masked_softmax returns the wrong shape"),
+                      _("expected {expected_shape} (the scores' shape), got {got}.").format(expected_shape=list(expected.shape),
+                                                                                          got=shape_of(w)),
+                      fix=_("mask the scores (they broadcast with the mask), then softmax(dim=-1): same shape as the scores"))]
     if torch.allclose(w, reference_masked_softmax(scores, ~mask), atol=1e-5):
-        return [found(Pitfall.MASK, "masked_softmax uses the inverted mask",
-                      "the weights sit on the padded keys: it blocks where mask is True.",
-                      fix="block where mask is False: scores.masked_fill(~mask, float('-inf'))",
-                      fix_zh="在 mask 为 False 处屏蔽：scores.masked_fill(~mask, float('-inf'))")]
+        return [found(Pitfall.MASK, _("masked_softmax uses the inverted mask"),
+                      _("the weights sit on the padded keys: it blocks where mask is True."),
+                      fix=_("block where mask is False: scores.masked_fill(~mask, float('-inf'))"))]
     if torch.allclose(w, scores.softmax(-1) * mask, atol=1e-5) or torch.allclose(w, scores.softmax(-1).masked_fill(~mask, 0), atol=1e-5):
-        return [found(Pitfall.MASK, "masked_softmax applies the mask after the softmax",
-                      "Zeroing weights after the softmax leaves rows that no longer sum to one.")]
+        return [found(Pitfall.MASK, _("masked_softmax applies the mask after the softmax"),
+                      _("Zeroing weights after the softmax leaves rows that no longer sum to one."))]
     if not bool((w[~mask.expand_as(w)] == 0).all()):
-        return [found(Pitfall.MASK, "masked_softmax leaves weight on padded keys", "blocked weights must be exactly 0.",
-                      fix="fill the blocked scores with float('-inf'), not a large negative number, before the softmax",
-                      fix_zh="在 softmax 之前把被屏蔽的分数填成 float('-inf')，而不是一个很大的负数")]
+        return [found(Pitfall.MASK, _("masked_softmax leaves weight on padded keys"), _("blocked weights must be exactly 0."),
+                      fix=_("fill the blocked scores with float('-inf'), not a large negative number, before the softmax"))]
     if not torch.allclose(w, expected, atol=1e-5):
-        return [found(Pitfall.GENERAL, "masked_softmax gives wrong weights",
-                      differs("masked_softmax(scores, mask)", w, expected, f"scores {list(scores.shape)}, mask {list(mask.shape)}") + ".",
-                      fix="scores.masked_fill(~mask, float('-inf')).softmax(dim=-1): the softmax over the keys, after masking",
-                      fix_zh="scores.masked_fill(~mask, float('-inf')).softmax(dim=-1)：先掩码，再在键的维度上做 softmax")]
+        return [found(Pitfall.GENERAL, _("masked_softmax gives wrong weights"),
+                      differs("masked_softmax(scores, mask)", w, expected, _("scores {scores_shape}, mask {mask_shape}").format(
+                          scores_shape=list(scores.shape), mask_shape=list(mask.shape))) + ".",
+                      fix=_("scores.masked_fill(~mask, float('-inf')).softmax(dim=-1): the softmax over the keys, after masking"))]
     return []
 
 
@@ -160,20 +158,19 @@ def _diagnose_renormalise(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(r, torch.Tensor) or r.shape != weights.shape:
-        return [found(Pitfall.GENERAL, "renormalise returns the wrong shape", f"expected {list(weights.shape)}, got {shape_of(r)}.",
-                      fix="keep the weights' shape: w = weights * mask, then w / w.sum(dim=-1, keepdim=True)",
-                      fix_zh="保持权重的形状：w = weights * mask，然后 w / w.sum(dim=-1, keepdim=True)")]
+        return [found(Pitfall.GENERAL, _("renormalise returns the wrong shape"),
+                      _("expected {weights_shape}, got {got}.").format(weights_shape=list(weights.shape), got=shape_of(r)),
+                      fix=_("keep the weights' shape: w = weights * mask, then w / w.sum(dim=-1, keepdim=True)"))]
     if torch.allclose(r, weights * mask, atol=1e-6):
-        return [found(Pitfall.MASK, "renormalise does not rescale the rows",
-                      "after zeroing the blocked weights the rows no longer add up to one.",
-                      fix="divide each row by its new sum: w / w.sum(dim=-1, keepdim=True)",
-                      fix_zh="每行除以它新的和：w / w.sum(dim=-1, keepdim=True)")]
+        return [found(Pitfall.MASK, _("renormalise does not rescale the rows"),
+                      _("after zeroing the blocked weights the rows no longer add up to one."),
+                      fix=_("divide each row by its new sum: w / w.sum(dim=-1, keepdim=True)"))]
     if not torch.allclose(r, reference_renormalise(weights, mask), atol=1e-6):
-        return [found(Pitfall.GENERAL, "renormalise gives wrong values",
+        return [found(Pitfall.GENERAL, _("renormalise gives wrong values"),
                       differs("renormalise(weights, mask)", r, reference_renormalise(weights, mask),
-                              f"weights {list(weights.shape)}, mask {list(mask.shape)}") + ".",
-                      fix="zero where mask is False, then divide by the row sum (dim=-1, keepdim=True)",
-                      fix_zh="在 mask 为 False 处置零，然后除以行和（dim=-1, keepdim=True）")]
+                              _("weights {weights_shape}, mask {mask_shape}").format(weights_shape=list(weights.shape),
+                                                                                     mask_shape=list(mask.shape))) + ".",
+                      fix=_("zero where mask is False, then divide by the row sum (dim=-1, keepdim=True)"))]
     return []
 
 

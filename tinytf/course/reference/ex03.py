@@ -17,6 +17,7 @@ from torch import nn
 
 from tinytf.checks import Finding, Pitfall, found
 
+from ...translation import gettext
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings
 from .validators import close, differs, has_keys, how_off, seconds, shape_of, shapes
@@ -50,10 +51,10 @@ def reference_head_weights(x: torch.Tensor, heads: int, qkv_weight: torch.Tensor
 
 @judge("ex03_param_count")
 def _judge_param_count(value: Any, cases: list) -> None:
-    assert isinstance(value, list) and len(value) == len(cases), "mha_parameter_count: one count per case expected"
+    assert isinstance(value, list) and len(value) == len(cases), gettext("mha_parameter_count: one count per case expected")
     for (dim, heads, bias), n in zip(cases, value):
-        assert isinstance(n, int) and not isinstance(n, bool), "mha_parameter_count must return an int"
-        assert n == reference_parameter_count(int(dim), int(heads), bool(bias)), "mha_parameter_count gives a wrong count"
+        assert isinstance(n, int) and not isinstance(n, bool), gettext("mha_parameter_count must return an int")
+        assert n == reference_parameter_count(int(dim), int(heads), bool(bias)), gettext("mha_parameter_count gives a wrong count")
 
 
 def timing_problem(value: Any, repeats: int) -> str | None:
@@ -69,17 +70,17 @@ def timing_problem(value: Any, repeats: int) -> str | None:
     - the slow first call excluded: below half the mean of the cold module's inner durations (its
       first call is 100 times its machine's slowest steady call, so a mean that includes it is far above).
     """
-    has_keys(value, ("steady_s", "cold_s", "calls", "steady_inner", "cold_inner"), "the timing record")
+    has_keys(value, ("steady_s", "cold_s", "calls", "steady_inner", "cold_inner"), gettext("the timing record"))
     steady = seconds(value["steady_s"], "time_forward")
-    cold = seconds(value["cold_s"], "time_forward (slow first call)")
+    cold = seconds(value["cold_s"], gettext("time_forward (slow first call)"))
     inner, cold_inner = [float(t) for t in value["steady_inner"]], [float(t) for t in value["cold_inner"]]
     if int(value["calls"]) < int(repeats) or len(inner) < int(repeats) or not cold_inner:
-        return "time_forward must call the module at least `repeats` times"
+        return gettext("time_forward must call the module at least `repeats` times")
     timed = inner[-int(repeats):]
     if not 0.9 * statistics.median(timed) <= steady < 0.5 * sum(timed):
-        return "time_forward: implausible seconds per call (report the median seconds of one call)"
+        return gettext("time_forward: implausible seconds per call (report the median seconds of one call)")
     if not cold < 0.5 * sum(cold_inner) / len(cold_inner):
-        return "time_forward: a slow first call dominates the result (warm up, take the median)"
+        return gettext("time_forward: a slow first call dominates the result (warm up, take the median)")
     return None
 
 
@@ -106,10 +107,10 @@ def _judge_timing(value: Any, sleep_s: float, repeats: int) -> None:
 def _judge_head_maps(value: Any, x: torch.Tensor, heads: int, qkv_weight: torch.Tensor, qkv_bias: Any = None) -> None:
     expected = reference_head_weights(x, int(heads), qkv_weight.float(), None if qkv_bias is None else qkv_bias.float())
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), (
-        f"per_head_weights must return [B, H, T, T] = {list(expected.shape)}"
+        gettext("per_head_weights must return [B, H, T, T] = {expected_shape}").format(expected_shape=list(expected.shape))
     )
     close(value, expected, "per_head_weights(mha, x)", given=shapes(x=x, heads=int(heads)),
-          reference="the softmax of each head's q kᵀ / sqrt(d_head)")
+          reference=gettext("the softmax of each head's q kᵀ / sqrt(d_head)"))
 
 
 def maps_sum_to_one(per_head_weights: Any, dim: int, heads: int, x: torch.Tensor) -> bool:
@@ -128,18 +129,20 @@ def maps_sum_to_one(per_head_weights: Any, dim: int, heads: int, x: torch.Tensor
 def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor, formula: list | None = None, maps_sum_to_one: bool = True) -> None:
     """``formula``: the student's mha_parameter_count per head count, ``maps_sum_to_one``: whether the student's
     per_head_weights gives rows that sum to one (a wrong Task 3a or 3c costs that task only)."""
-    assert isinstance(value, dict) and sorted(value) == sorted(str(h) for h in heads), "results must have one entry per head count"
+    assert isinstance(value, dict) and sorted(value) == sorted(str(h) for h in heads), gettext("results must have one entry per head count")
     b, t, _ = x.shape
     for i, h in enumerate(heads):
         r = value[str(h)]
         has_keys(r, ("params", "time_s", "weights"), f"results[{h}]")
         allowed = {reference_parameter_count(int(dim), int(h))} | ({formula[i]} if formula and len(formula) == len(heads) else set())
-        assert r["params"] in allowed, f"results[{h}]['params'] is neither the module's count nor your mha_parameter_count({dim}, {h})"
-        assert seconds(r["time_s"], f"results[{h}]['time_s']") < 1.0, f"results[{h}]['time_s'] is implausible"
+        assert r["params"] in allowed, gettext("results[{h}]['params'] is neither the module's count nor your mha_parameter_count({dim}, "
+                                               "{h})").format(h=h, dim=dim)
+        assert seconds(r["time_s"], f"results[{h}]['time_s']") < 1.0, gettext("results[{h}]['time_s'] is implausible").format(h=h)
         w = r["weights"]
-        assert isinstance(w, torch.Tensor) and tuple(w.shape) == (b, int(h), t, t), f"results[{h}]['weights'] must be [B, {h}, T, T]"
+        assert isinstance(w, torch.Tensor) and tuple(w.shape) == (b, int(h), t, t), gettext("results[{h}]['weights'] must be [B, {h}, T, "
+                                                                                            "T]").format(h=h)
         assert not maps_sum_to_one or bool(torch.isfinite(w).all()) and torch.allclose(w.sum(-1), torch.ones(b, int(h), t), atol=1e-4), (
-            f"results[{h}]['weights']: rows must sum to one"
+            gettext("results[{h}]['weights']: rows must sum to one").format(h=h)
         )
 
 
@@ -155,25 +158,23 @@ def _diagnose_count(fn: Any) -> list[Finding]:
         want = reference_parameter_count(dim, heads, bias)
         if n == want:
             continue
-        hints = {  # what the count holds: (evidence, fix, fix_zh)
-            4 * dim * dim: ("that is the weights only", "with bias=True add one bias per output of each Linear: 3D + D",
-                            "bias=True 时，每个 Linear 的每个输出还有一个偏置：再加 3D + D"),
-            3 * dim * dim + 3 * dim: ("that is qkv only", "add the output projection proj (D -> D): D·D + D",
-                                      "加上输出投影 proj（D -> D）：D·D + D"),
-            4 * dim * dim + 4 * dim: ("those are the bias terms that bias=False leaves out",
-                                      "with bias=False count the weights only: 4·D·D",
-                                      "bias=False 时只数权重：4·D·D"),
+        hints = {  # what the count holds: (evidence, fix)
+            4 * dim * dim: (gettext("that is the weights only"),
+                            gettext("with bias=True add one bias per output of each Linear: 3D + D")),
+            3 * dim * dim + 3 * dim: (gettext("that is qkv only"), gettext("add the output projection proj (D -> D): D·D + D")),
+            4 * dim * dim + 4 * dim: (gettext("those are the bias terms that bias=False leaves out"),
+                                      gettext("with bias=False count the weights only: 4·D·D")),
             (4 * dim * dim + (4 * dim if bias else 0)) // heads: (
-                "the count is divided by the head count",
-                "do not divide by heads: the heads share the D x 3D projection, each uses a slice",
-                "不要除以头数：各个头共享 D x 3D 的投影，每个头只用其中一片"),
+                gettext("the count is divided by the head count"),
+                gettext("do not divide by heads: the heads share the D x 3D projection, each uses a slice")),
         }
-        evidence, fix, fix_zh = hints.get(n, ("", "count qkv: weight [3D, D] + bias [3D], and proj: weight [D, D] + bias [D]",
-                                              "分别数 qkv：权重 [3D, D] + 偏置 [3D]，以及 proj：权重 [D, D] + 偏置 [D]"))
+        evidence, fix = hints.get(n, ("", gettext("count qkv: weight [3D, D] + bias [3D], and proj: weight [D, D] + bias [D]")))
         how = how_off(n, want) if isinstance(n, int) else ""
-        return [found(Pitfall.GENERAL, "mha_parameter_count gives a wrong count",
-                      f"dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}{how}{'; ' + evidence if evidence else ''}.",
-                      fix=fix, fix_zh=fix_zh)]
+        return [found(Pitfall.GENERAL, gettext("mha_parameter_count gives a wrong count"),
+                      gettext("dim={dim}, heads={heads}, bias={bias}: got {n!r}, the module has {want}{how}{evidence}.").format(
+                          dim=dim, heads=heads, bias=bias, n=n, want=want, how=how,
+                          evidence=gettext("; {evidence}").format(evidence=evidence) if evidence else ""),
+                      fix=fix)]
     return []
 
 
@@ -200,34 +201,32 @@ def _diagnose_timing(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(steady, float) or not math.isfinite(steady) or steady <= 0:
-        return [found(Pitfall.GENERAL, "time_forward must return a positive float", f"got {steady!r}.",
-                      fix="return the median seconds per call as a float", fix_zh="以 float 返回每次调用耗时的中位数（秒）")]
+        return [found(Pitfall.GENERAL, gettext("time_forward must return a positive float"),
+                      gettext("got {steady!r}.").format(steady=steady),
+                      fix=gettext("return the median seconds per call as a float"))]
     call = statistics.median(probe.inner[-12:]) if len(probe.inner) >= 12 else 0.003  # what one call took, measured inside it
     if steady >= 500 * call:
-        return [found(Pitfall.COLD_TIMING, "time_forward returns milliseconds",
-                      f"a module that sleeps 3 ms per call measured {steady:.4g}, about 1000× its time in seconds.",
-                      fix="return seconds: time.perf_counter() differences, not multiplied by 1000",
-                      fix_zh="返回秒：直接用 time.perf_counter() 的差值，不要乘以 1000")]
+        return [found(Pitfall.COLD_TIMING, gettext("time_forward returns milliseconds"),
+                      gettext("a module that sleeps 3 ms per call measured {steady:.4g}, about 1000× its time in seconds.").format(
+                          steady=steady),
+                      fix=gettext("return seconds: time.perf_counter() differences, not multiplied by 1000"))]
     if steady < 0.9 * call:
-        return [found(Pitfall.COLD_TIMING, "time_forward measures too little",
-                      f"a module that sleeps 3 ms per call measured {steady * 1e3:.2f} ms.",
-                      fix="time each call around model(x) itself (and synchronise on a GPU)",
-                      fix_zh="对每次 model(x) 调用本身计时（在 GPU 上还要同步）")]
+        return [found(Pitfall.COLD_TIMING, gettext("time_forward measures too little"),
+                      gettext("a module that sleeps 3 ms per call measured {value:.2f} ms.").format(value=steady * 1e3),
+                      fix=gettext("time each call around model(x) itself (and synchronise on a GPU)"))]
     if len(probe.inner) >= 12 and steady >= 0.5 * sum(probe.inner[-12:]):
-        return [found(Pitfall.COLD_TIMING, "time_forward returns the total, not the time per call",
-                      f"a module that sleeps 3 ms per call measured {steady:.4f} s.",
-                      fix="time each call on its own and return the median of the per-call times",
-                      fix_zh="分别为每次调用计时，返回这些时间的中位数")]
+        return [found(Pitfall.COLD_TIMING, gettext("time_forward returns the total, not the time per call"),
+                      gettext("a module that sleeps 3 ms per call measured {steady:.4f} s.").format(steady=steady),
+                      fix=gettext("time each call on its own and return the median of the per-call times"))]
     slow = _Sleepy(max(0.2, 100 * max(probe.inner, default=0.003)), 0.001)
     cold, problem = call_student("time_forward", fn, slow, x, repeats=5, warmup=1)
     if problem:
         return [problem]
     if isinstance(cold, float) and slow.inner and cold >= 0.5 * sum(slow.inner) / len(slow.inner):
-        return [found(Pitfall.COLD_TIMING, "the first (cold) call dominates time_forward",
-                      f"a module whose first call takes {slow.inner[0] * 1e3:.0f} ms and later ones 1 ms measured "
-                      f"{cold * 1e3:.1f} ms per call.",
-                      fix="run `warmup` untimed calls first, then report the median of the timed ones",
-                      fix_zh="先运行 `warmup` 次不计时的调用，再报告计时调用的中位数")]
+        return [found(Pitfall.COLD_TIMING, gettext("the first (cold) call dominates time_forward"),
+                      gettext("a module whose first call takes {value:.0f} ms and later ones 1 ms measured {value2:.1f} ms per call.")
+                      .format(value=slow.inner[0] * 1e3, value2=cold * 1e3),
+                      fix=gettext("run `warmup` untimed calls first, then report the median of the timed ones"))]
     return []
 
 
@@ -245,12 +244,10 @@ def _diagnose_maps(fn: Any) -> list[Finding]:
             return [problem]
         ref = mha(x, return_weights=True)[1]
         if not isinstance(w, torch.Tensor) or tuple(w.shape) != tuple(ref.shape):
-            return [found(Pitfall.ORIENTATION, "per_head_weights returns the wrong shape",
-                          f"expected [B, H, T, T] = {list(ref.shape)}, got {shape_of(w)}.",
-                          fix="split the heads with view(B, T, H, d_head).transpose(1, 2), then "
-                              "softmax(q @ k.transpose(-2, -1) / sqrt(d_head), dim=-1)",
-                          fix_zh="用 view(B, T, H, d_head).transpose(1, 2) 拆分头，再算 "
-                                 "softmax(q @ k.transpose(-2, -1) / sqrt(d_head), dim=-1)")]
+            return [found(Pitfall.ORIENTATION, gettext("per_head_weights returns the wrong shape"),
+                          gettext("expected [B, H, T, T] = {ref_shape}, got {w}.").format(ref_shape=list(ref.shape), w=shape_of(w)),
+                          fix=gettext("split the heads with view(B, T, H, d_head).transpose(1, 2), then "
+                                      "softmax(q @ k.transpose(-2, -1) / sqrt(d_head), dim=-1)"))]
         if torch.allclose(w, ref, atol=1e-5):
             return []
         q, k, _ = mha.qkv(x).chunk(3, dim=-1)
@@ -258,31 +255,34 @@ def _diagnose_maps(fn: Any) -> list[Finding]:
         qh = q.view(b, t, h, d // h).transpose(1, 2)
         kh = k.view(b, t, h, d // h).transpose(1, 2)
         raw = qh @ kh.transpose(-2, -1)
-        by_sqrt = ("divide the scores by math.sqrt(mha.head_dim), one head's width",
-                   "把分数除以 math.sqrt(mha.head_dim)，即一个头的宽度")
-        variants = [  # (weights, pitfall, title, evidence, (fix, fix_zh))
-            (raw.softmax(-1), Pitfall.SCALE, "missing scaling", "the scores are not scaled at all.", by_sqrt),
-            ((raw / (d // h)).softmax(-1), Pitfall.SCALE, "scores divided by d_head instead of sqrt(d_head)",
-             f"with d_head = {d // h} the scale is 1/sqrt(d_head) = 1/{math.sqrt(d // h):.3g}, not 1/d_head = 1/{d // h}.", by_sqrt),
-            ((raw / d).softmax(-1), Pitfall.SCALE, "scores divided by the model width D",
-             f"the scale is 1/sqrt(d_head) = 1/{math.sqrt(d // h):.3g} with d_head = mha.head_dim, not 1/D = 1/{d}.", by_sqrt),
-            ((raw / math.sqrt(d)).softmax(-1), Pitfall.SCALE, "scaled by the model width",
-             f"the scale is 1/sqrt(d_head) = 1/{math.sqrt(d // h):.3g} (one head's width), not 1/sqrt(D) = 1/{math.sqrt(d):.3g}.", by_sqrt),
-            ((raw / math.sqrt(d // h)).softmax(-2), Pitfall.ORIENTATION, "softmax over the wrong axis",
-             "each column sums to one, not each row: the softmax ran over the queries.",
-             ("normalise over the keys, the last axis: softmax(dim=-1)", "在键的维度（最后一个轴）上归一化：softmax(dim=-1)")),
-            ((q.reshape(b, h, t, d // h) @ k.reshape(b, h, t, d // h).transpose(-2, -1) / math.sqrt(d // h)).softmax(-1),
-             Pitfall.VIEW_AFTER_TRANSPOSE, "heads split with the wrong reshape",
-             "view(B, H, T, d_head) of a [B, T, D] tensor mixes tokens and channels.",
-             ("split with view(B, T, H, d_head).transpose(1, 2)", "用 view(B, T, H, d_head).transpose(1, 2) 拆分")),
+        by_sqrt = gettext("divide the scores by math.sqrt(mha.head_dim), one head's width")
+        dh = d // h
+        variants = [  # (weights, pitfall, title, evidence, fix)
+            (raw.softmax(-1), Pitfall.SCALE, gettext("missing scaling"), gettext("the scores are not scaled at all."), by_sqrt),
+            ((raw / dh).softmax(-1), Pitfall.SCALE, gettext("scores divided by d_head instead of sqrt(d_head)"),
+             gettext("with d_head = {value} the scale is 1/sqrt(d_head) = 1/{math_sqrt:.3g}, not 1/d_head = 1/{value}.").format(
+                 value=dh, math_sqrt=math.sqrt(dh)), by_sqrt),
+            ((raw / d).softmax(-1), Pitfall.SCALE, gettext("scores divided by the model width D"),
+             gettext("the scale is 1/sqrt(d_head) = 1/{root:.3g} with d_head = mha.head_dim, not 1/D = 1/{d}.").format(
+                 root=math.sqrt(dh), d=d), by_sqrt),
+            ((raw / math.sqrt(d)).softmax(-1), Pitfall.SCALE, gettext("scaled by the model width"),
+             gettext("the scale is 1/sqrt(d_head) = 1/{root:.3g} (one head's width), not 1/sqrt(D) = 1/{root_d:.3g}.").format(
+                 root=math.sqrt(dh), root_d=math.sqrt(d)), by_sqrt),
+            ((raw / math.sqrt(dh)).softmax(-2), Pitfall.ORIENTATION, gettext("softmax over the wrong axis"),
+             gettext("each column sums to one, not each row: the softmax ran over the queries."),
+             gettext("normalise over the keys, the last axis: softmax(dim=-1)")),
+            ((q.reshape(b, h, t, dh) @ k.reshape(b, h, t, dh).transpose(-2, -1) / math.sqrt(dh)).softmax(-1),
+             Pitfall.VIEW_AFTER_TRANSPOSE, gettext("heads split with the wrong reshape"),
+             gettext("view(B, H, T, d_head) of a [B, T, D] tensor mixes tokens and channels."),
+             gettext("split with view(B, T, H, d_head).transpose(1, 2)")),
         ]
-        for cand, pitfall, title, evidence, (fix, fix_zh) in variants:
+        for cand, pitfall, title, evidence, fix in variants:
             if torch.allclose(w, cand, atol=1e-5):
-                return [found(pitfall, f"per_head_weights: {title}", evidence, fix=fix, fix_zh=fix_zh)]
-        return [found(Pitfall.GENERAL, "per_head_weights gives wrong weights",
-                      differs("per_head_weights(mha, x)", w, ref, f"MultiHeadAttention({d}, {h}) and x {list(x.shape)}") + ".",
-                      fix="compare with mha(x, return_weights=True)[1] and print each intermediate shape",
-                      fix_zh="与 mha(x, return_weights=True)[1] 对比，并打印每一步中间结果的形状")]
+                return [found(pitfall, gettext("per_head_weights: {title}").format(title=title), evidence, fix=fix)]
+        return [found(Pitfall.GENERAL, gettext("per_head_weights gives wrong weights"),
+                      differs("per_head_weights(mha, x)", w, ref, gettext("MultiHeadAttention({d}, {h}) and x {x_shape}").format(
+                          d=d, h=h, x_shape=list(x.shape))) + ".",
+                      fix=gettext("compare with mha(x, return_weights=True)[1] and print each intermediate shape"))]
 
 
 # ---- the judges on fresh inputs (the self-check's copy of the grader's verdict) ------------------
@@ -338,7 +338,7 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     problems, then the grader's judges on fresh inputs for every task without one. Never raises."""
     by_task = {gid: check_parts(namespace, [part]) for gid, part in TASKS.items()}
     if "results" not in namespace:
-        by_task["ex03_results"] = [Finding(Pitfall.GENERAL, "results is missing", "the notebook holds no results.",
-                                           fix="run Task 3d's cell to fill results", fix_zh="运行任务 3d 的单元来填充 results")]
+        by_task["ex03_results"] = [Finding(Pitfall.GENERAL, gettext("results is missing"), gettext("the notebook holds no results."),
+                                           fix=gettext("run Task 3d's cell to fill results"))]
     findings = [f for fs in by_task.values() for f in fs]
     return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])

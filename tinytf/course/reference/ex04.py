@@ -16,6 +16,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
+from ...translation import _
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped, with_cause
 from .validators import close, differs, has_keys, number, shapes, tensor
@@ -62,7 +63,8 @@ def _curve(c: Any, steps: int, what: str) -> dict[str, list[float]]:
     has_keys(c, ("loss", "grad_norm"), what)
     for key in ("loss", "grad_norm"):
         values = c[key]
-        assert isinstance(values, list) and len(values) == int(steps), f"{what}['{key}'] must have one value per step ({steps})"
+        assert isinstance(values, list) and len(values) == int(steps), _("{what}['{key}'] must have one value per step ({steps})").format(
+            what=what, key=key, steps=steps)
         for step, v in enumerate(values):
             number(v, f"{what}['{key}'][{step}]")
     return c
@@ -74,7 +76,8 @@ def _curve(c: Any, steps: int, what: str) -> dict[str, list[float]]:
 def _judge_block(value: Any, x: torch.Tensor, state: dict, dim: int, heads: int, max_tokens: int, expansion: int, norm: str) -> None:
     expected = reference_block_output(x, state, dim, heads, max_tokens, expansion, norm)
     name = "PreNormBlock" if norm == "pre" else "PostNormBlock"
-    assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), f"{name} must map [B, T, D] to [B, T, D]"
+    assert isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(expected.shape), (
+        _("{name} must map [B, T, D] to [B, T, D]").format(name=name))
     close(tensor(value, expected.shape, name), expected, f"{name}(x)",
           reference=f"tinytf.TransformerBlock(norm='{norm}') with the same weights",
           given=shapes(x=x, dim=int(dim), heads=int(heads), expansion=int(expansion)))
@@ -82,36 +85,36 @@ def _judge_block(value: Any, x: torch.Tensor, state: dict, dim: int, heads: int,
 
 @judge("ex04_pre_block")
 def _judge_pre(value: Any, **inputs: Any) -> None:
-    assert inputs.get("norm") == "pre", "the pre-norm record was made for another layout"
+    assert inputs.get("norm") == "pre", _("the pre-norm record was made for another layout")
     _judge_block(value, **inputs)
 
 
 @judge("ex04_post_block")
 def _judge_post(value: Any, **inputs: Any) -> None:
-    assert inputs.get("norm") == "post", "the post-norm record was made for another layout"
+    assert inputs.get("norm") == "post", _("the post-norm record was made for another layout")
     _judge_block(value, **inputs)
 
 
 @judge("ex04_train")
 def _judge_train(value: Any, steps: int, seed: int, vocab: int, layers: int, factory_calls: int) -> None:
-    has_keys(value, ("first", "second"), "the training record")
+    has_keys(value, ("first", "second"), _("the training record"))
     first = _curve(value["first"], steps, "train_curve(...)")
-    second = _curve(value["second"], steps, "train_curve(...) repeated")
-    assert same_curve(first, second), "train_curve is not reproducible from its seed"
-    assert int(factory_calls) == 2 * int(layers), "train_curve must build its blocks with block_factory"
-    assert 0.5 * math.log(vocab) < first["loss"][0] < 2 * math.log(vocab), "train_curve: the first loss is implausible"
-    assert all(g > 0 for g in first["grad_norm"]), "train_curve: gradient norms must be positive"
+    second = _curve(value["second"], steps, _("train_curve(...) repeated"))
+    assert same_curve(first, second), _("train_curve is not reproducible from its seed")
+    assert int(factory_calls) == 2 * int(layers), _("train_curve must build its blocks with block_factory")
+    assert 0.5 * math.log(vocab) < first["loss"][0] < 2 * math.log(vocab), _("train_curve: the first loss is implausible")
+    assert all(g > 0 for g in first["grad_norm"]), _("train_curve: gradient norms must be positive")
 
 
 @judge("ex04_comparison")
 def _judge_comparison(value: Any, steps: int, vocab: int, lrs: list) -> None:
     keys = {f"{layout}@{lr:g}" for layout in ("pre", "post") for lr in lrs}
-    assert isinstance(value, dict) and set(value) == keys, f"curves must hold exactly {sorted(keys)}"
+    assert isinstance(value, dict) and set(value) == keys, _("curves must hold exactly {keys}").format(keys=sorted(keys))
     for key in sorted(keys):
         c = _curve(value[key], steps, f"curves[{key}]")
-        assert 0.5 * math.log(vocab) < c["loss"][0] < 2 * math.log(vocab), f"curves[{key}]: the first loss is implausible"
+        assert 0.5 * math.log(vocab) < c["loss"][0] < 2 * math.log(vocab), _("curves[{key}]: the first loss is implausible").format(key=key)
     learned = [key for key in keys if min(value[key]["loss"]) < 0.8 * value[key]["loss"][0]]
-    assert learned, "no run made progress: check train_curve and the learning rates"
+    assert learned, _("no run made progress: check train_curve and the learning rates")
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -136,12 +139,10 @@ def _diagnose_block(name: str, cls: Any, norm: str) -> list[Finding]:
     if mine != want:
         missing = [k for k in want if k not in mine]
         extra = [k for k in mine if k not in want]
-        findings.append(found(Pitfall.GENERAL, f"{name}: parameter names differ from tinytf.TransformerBlock",
-                              f"missing {missing or 'none'}, unexpected {extra or 'none'}.",
-                              fix="keep the submodules norm1, attn (tinytf.CausalSelfAttention), norm2, "
-                                  "ffn (Sequential(Linear, GELU, Linear))",
-                              fix_zh="保留子模块 norm1、attn（tinytf.CausalSelfAttention）、norm2、"
-                                     "ffn（Sequential(Linear, GELU, Linear)）"))
+        findings.append(found(Pitfall.GENERAL, _("{name}: parameter names differ from tinytf.TransformerBlock").format(name=name),
+                              _("missing {value}, unexpected {value2}.").format(value=missing or _("none"), value2=extra or _("none")),
+                              fix=_("keep the submodules norm1, attn (tinytf.CausalSelfAttention), norm2, "
+                                    "ffn (Sequential(Linear, GELU, Linear))")))
     if findings:
         return findings
     other = "post" if norm == "pre" else "pre"
@@ -154,38 +155,37 @@ def _diagnose_block(name: str, cls: Any, norm: str) -> list[Finding]:
             other_ref.load_state_dict(ref.state_dict())
             other_y = other_ref(x)
     except Exception as err:  # noqa: BLE001
-        return [Finding(Pitfall.GENERAL, f"{name} raises when run", f"{type(err).__name__}: {err}")]
+        return [Finding(Pitfall.GENERAL, _("{name} raises when run").format(name=name), f"{type(err).__name__}: {err}")]
     if torch.allclose(y, want_y, atol=1e-5):
         return []
     layout = ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))" if norm == "pre" else "x = norm1(x + attn(x)); x = norm2(x + ffn(x))")
     if torch.allclose(y, other_y, atol=1e-5):
-        return [found(Pitfall.GENERAL, f"{name} computes the {other}-norm layout",
-                      f"with tinytf's weights it matches TransformerBlock(norm='{other}').",
-                      fix=f"{name}.forward computes {layout}", fix_zh=f"{name}.forward 计算 {layout}")]
+        return [found(Pitfall.GENERAL, _("{name} computes the {other}-norm layout").format(name=name, other=other),
+                      _("with tinytf's weights it matches TransformerBlock(norm='{other}').").format(other=other),
+                      fix=_("{name}.forward computes {layout}").format(name=name, layout=layout))]
     named = _name_block_mistake(block, ref, x, y, name, layout)
     if named:
         return [named]
-    return [found(Pitfall.GENERAL, f"{name} differs from tinytf.TransformerBlock(norm='{norm}')",
-                  differs(f"{name}(x) with that block's weights", y, want_y, f"x {list(x.shape)}") + ".",
-                  fix="compare the steps one by one (attn, ffn with GELU, the norms) with tinytf.TransformerBlock",
-                  fix_zh="与 tinytf.TransformerBlock 逐步对比（attn、带 GELU 的 ffn、各个 norm）")]
+    return [found(Pitfall.GENERAL, _("{name} differs from tinytf.TransformerBlock(norm='{norm}')").format(name=name, norm=norm),
+                  differs(_("{name}(x) with that block's weights").format(name=name), y, want_y, f"x {list(x.shape)}") + ".",
+                  fix=_("compare the steps one by one (attn, ffn with GELU, the norms) with tinytf.TransformerBlock"))]
 
 
 def _name_block_mistake(block: Any, ref: Any, x: torch.Tensor, y: torch.Tensor, name: str, layout: str) -> Finding | None:
     """A block that runs with tinytf's weights but computes something else: the activation, or the norm on the branch."""
     acts = sorted({type(m).__name__ for m in block.ffn.modules() if isinstance(m, (torch.nn.ReLU, torch.nn.SiLU, torch.nn.Tanh))})
     if acts:
-        return found(Pitfall.GENERAL, f"{name}: the feed-forward net uses {acts[0]}, not GELU",
-                     f"{name}.ffn holds {acts[0]}; tinytf.TransformerBlock's ffn is Sequential(Linear, GELU, Linear), so the "
-                     "outputs differ with the same weights.",
-                     fix=f"build the ffn with nn.GELU() instead of nn.{acts[0]}()", fix_zh=f"构造 ffn 时用 nn.GELU() 代替 nn.{acts[0]}()")
+        return found(Pitfall.GENERAL, _("{name}: the feed-forward net uses {act}, not GELU").format(name=name, act=acts[0]),
+                     _("{name}.ffn holds {act}; tinytf.TransformerBlock's ffn is Sequential(Linear, GELU, Linear), so the "
+                       "outputs differ with the same weights.").format(name=name, act=acts[0]),
+                     fix=_("build the ffn with nn.GELU() instead of nn.{act}()").format(act=acts[0]))
     with torch.no_grad():
         h = x + ref.norm1(ref.attn(x))
         branch = h + ref.norm2(ref.ffn(h))
     if torch.allclose(y, branch, atol=1e-5):
-        return found(Pitfall.GENERAL, f"{name} normalises the branch, not the residual sum",
-                     f"{name}(x) = x + norm1(attn(x)), then + norm2(ffn(·)): the norms sit on the branches.",
-                     fix=f"normalise the sum: {layout}", fix_zh=f"对残差和做归一化：{layout}")
+        return found(Pitfall.GENERAL, _("{name} normalises the branch, not the residual sum").format(name=name),
+                     _("{name}(x) = x + norm1(attn(x)), then + norm2(ffn(·)): the norms sit on the branches.").format(name=name),
+                     fix=_("normalise the sum: {layout}").format(layout=layout))
     return None
 
 
@@ -205,14 +205,12 @@ def _diagnose_train(fn: Any) -> list[Finding]:
     try:
         _curve(a, 2, "train_curve(...)")
     except AssertionError as err:
-        return [found(Pitfall.GENERAL, "train_curve returns the wrong structure", f"{err}.",
-                      fix="return {'loss': [...], 'grad_norm': [...]}, one float per step",
-                      fix_zh="返回 {'loss': [...], 'grad_norm': [...]}，每步一个 float")]
+        return [found(Pitfall.GENERAL, _("train_curve returns the wrong structure"), _("{err}.").format(err=err),
+                      fix=_("return {'loss': [...], 'grad_norm': [...]}, one float per step"))]
     if not same_curve(a, b):
-        return [found(Pitfall.GENERAL, "train_curve is not reproducible", "two runs with the same seed differ.",
-                      fix="call torch.manual_seed(seed) before building the model, and draw the batches from "
-                          "torch.Generator().manual_seed(seed)",
-                      fix_zh="在构造模型之前调用 torch.manual_seed(seed)，并从 torch.Generator().manual_seed(seed) 抽取批次")]
+        return [found(Pitfall.GENERAL, _("train_curve is not reproducible"), _("two runs with the same seed differ."),
+                      fix=_("call torch.manual_seed(seed) before building the model, and draw the batches from "
+                            "torch.Generator().manual_seed(seed)"))]
     return []
 
 
@@ -279,10 +277,10 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
         by_task["ex04_post_block"] = check_parts(namespace, [("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post"))])
     by_task["ex04_train"] = check_parts(namespace, [("train_curve", _diagnose_train)])
     if "curves" not in namespace:
-        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, "curves is missing", "the notebook holds no curves.",
-                                              fix="run Task 4d's cell to fill curves", fix_zh="运行任务 4d 的单元来填充 curves")]
+        by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, _("curves is missing"), _("the notebook holds no curves."),
+                                              fix=_("run Task 4d's cell to fill curves"))]
     findings = [f for fs in by_task.values() for f in fs]
     judged = judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
     if by_task["ex04_train"]:  # Task 4d's curves come from the student's train_curve: say so when they fail
-        judged = with_cause(judged, "ex04_comparison", "this fails because `train_curve` above is wrong (fix Task 4c first)")
+        judged = with_cause(judged, "ex04_comparison", _("this fails because `train_curve` above is wrong (fix Task 4c first)"))
     return findings + judged

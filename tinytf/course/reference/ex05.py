@@ -13,6 +13,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
+from ...translation import N_, _, gettext
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, stub_or, swapped
 from .validators import close, differs, float_inputs, has_keys, number, shape_of, shapes, tensor
@@ -42,7 +43,7 @@ def _judge_attention(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     from tinytf import scaled_dot_product_attention
 
     has_keys(value, ("plain", "masked"))
-    assert q.size(-2) != k.size(-2), "the hidden test must use Tq != Tk"
+    assert q.size(-2) != k.size(-2), _("the hidden test must use Tq != Tk")
     q, k, v = float_inputs(q, k, v)
     for key, m in (("plain", None), ("masked", mask)):
         expected = scaled_dot_product_attention(q, k, v, m)
@@ -61,7 +62,7 @@ def _judge_cross(value: Any, x: torch.Tensor, context: torch.Tensor, mask: torch
 
 
 PROBE_INPUTS = ("src", "tgt", "lengths")
-UNCHANGED_FIX = "clone the input before changing it"
+UNCHANGED_FIX = N_("clone the input before changing it")
 
 
 def changed_inputs(given: dict[str, torch.Tensor], after: dict[str, Any]) -> list[str]:
@@ -74,17 +75,19 @@ def changed_inputs(given: dict[str, torch.Tensor], after: dict[str, Any]) -> lis
 def _judge_encdec(value: Any, src: torch.Tensor, tgt: torch.Tensor, lengths: torch.Tensor, dim: int, heads: int,
                   after: dict[str, Any]) -> None:
     """``src``, ``tgt``, ``lengths``: what the probe was given; ``after``: the same tensors after both calls."""
-    has_keys(after, PROBE_INPUTS, "the record of the probe's inputs after the calls")
+    has_keys(after, PROBE_INPUTS, _("the record of the probe's inputs after the calls"))
     changed = changed_inputs({"src": src, "tgt": tgt, "lengths": lengths}, after)
-    assert not changed, (f"probe_encoder_decoder changed its input {' and '.join(changed)}: after the calls it no longer holds "
-                         f"the values passed in, so the probe measures its own edit, not the model; {UNCHANGED_FIX}")
-    has_keys(value, ("good", "leaky"), "the record of the probes of both models")
-    assert bool((lengths < src.size(1)).all()), "every hidden sequence is padded"
-    good, leaky = (has_keys(value[which], PROBE_KEYS, f"probe_encoder_decoder's result ({which} model)") for which in ("good", "leaky"))
-    assert number(good["encoder_effect"], "encoder_effect") > 1e-4, "the probe found no encoder effect on a correct model"
-    assert number(good["padding_leak"], "padding_leak") < 1e-5, "the probe reported a padding leak on a correct model"
-    assert number(leaky["padding_leak"], "padding_leak") > 1e-4, "the probe missed the leak of a model that ignores padding"
-    assert number(leaky["encoder_effect"], "encoder_effect") > 1e-4, "the probe found no encoder effect on the leaky model"
+    assert not changed, _("probe_encoder_decoder changed its input {names}: after the calls it no longer holds the values passed in, "
+                          "so the probe measures its own edit, not the model; {fix}").format(names=" and ".join(changed),
+                                                                                            fix=_(UNCHANGED_FIX))
+    has_keys(value, ("good", "leaky"), _("the record of the probes of both models"))
+    assert bool((lengths < src.size(1)).all()), _("every hidden sequence is padded")
+    good, leaky = (has_keys(value[which], PROBE_KEYS, _("probe_encoder_decoder's result ({which} model)").format(which=which))
+                   for which in ("good", "leaky"))
+    assert number(good["encoder_effect"], "encoder_effect") > 1e-4, _("the probe found no encoder effect on a correct model")
+    assert number(good["padding_leak"], "padding_leak") < 1e-5, _("the probe reported a padding leak on a correct model")
+    assert number(leaky["padding_leak"], "padding_leak") > 1e-4, _("the probe missed the leak of a model that ignores padding")
+    assert number(leaky["encoder_effect"], "encoder_effect") > 1e-4, _("the probe found no encoder effect on the leaky model")
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -100,9 +103,9 @@ def _diagnose_cross(cls: Any) -> list[Finding]:
         return [problem]
     names = ("q_proj", "k_proj", "v_proj", "out_proj")
     if not all(isinstance(getattr(cross, n, None), torch.nn.Linear) for n in names):
-        return [found(Pitfall.GENERAL, "CrossAttention lost its layers", f"CrossAttention(12, 3) has no nn.Linear {', '.join(names)}.",
-                      fix=f"keep the given __init__: it defines {', '.join(names)}",
-                      fix_zh=f"保留给定的 __init__：它定义了 {', '.join(names)}")]
+        return [found(Pitfall.GENERAL, _("CrossAttention lost its layers"),
+                      _("CrossAttention(12, 3) has no nn.Linear {names}.").format(names=", ".join(names)),
+                      fix=_("keep the given __init__: it defines {value_join}").format(value_join=", ".join(names)))]
     w = mha.qkv.weight.detach().chunk(3)
     bias = mha.qkv.bias.detach().chunk(3)
     with torch.no_grad():
@@ -118,53 +121,50 @@ def _diagnose_cross(cls: Any) -> list[Finding]:
             return [_explain_crash(cross, x, problem)]
         expected = mha(x, context=ctx)
         if not isinstance(out, torch.Tensor) or out.shape != expected.shape:
-            return [found(Pitfall.ORIENTATION, "CrossAttention returns the wrong shape",
-                          f"for x [2, 3, 12] and context [2, 5, 12] expected [B, Tq, D] = {list(expected.shape)}, got {shape_of(out)}.",
-                          fix="merge the heads with out.transpose(1, 2).reshape(B, Tq, D), then out_proj",
-                          fix_zh="用 out.transpose(1, 2).reshape(B, Tq, D) 合并各头，再做 out_proj")]
+            return [found(Pitfall.ORIENTATION, _("CrossAttention returns the wrong shape"),
+                          _("for x [2, 3, 12] and context [2, 5, 12] expected [B, Tq, D] = {expected_shape}, got {out}.").format(
+                              expected_shape=list(expected.shape), out=shape_of(out)),
+                          fix=_("merge the heads with out.transpose(1, 2).reshape(B, Tq, D), then out_proj"))]
         if not torch.allclose(out, expected, atol=1e-4):
             return [_explain_difference(cross, x, ctx, out, expected)]
-        masked, problem = call_student("CrossAttention.forward with a padding mask", cross, x, ctx, pad)
+        masked, problem = call_student(_("CrossAttention.forward with a padding mask"), cross, x, ctx, pad)
         if problem:
             return [problem]
         if not torch.allclose(masked, mha(x, context=ctx, mask=pad), atol=1e-4):
-            return [found(Pitfall.MASK, "CrossAttention ignores or misuses the mask",
-                          "with a padding mask [2, 1, 1, 5] it differs from tinytf.MultiHeadAttention(x, context, mask).",
-                          fix="pass mask on, unchanged, to attention(q, k, v, mask)", fix_zh="把 mask 原样传给 attention(q, k, v, mask)")]
+            return [found(Pitfall.MASK, _("CrossAttention ignores or misuses the mask"),
+                          _("with a padding mask [2, 1, 1, 5] it differs from tinytf.MultiHeadAttention(x, context, mask)."),
+                          fix=_("pass mask on, unchanged, to attention(q, k, v, mask)"))]
     return []
 
 
 def _explain_difference(cross: Any, x: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor, expected: torch.Tensor) -> Finding:
     """Name what differs when CrossAttention runs but disagrees with tinytf.MultiHeadAttention."""
-    return found(Pitfall.GENERAL, "CrossAttention differs from the reference",
-                 differs("CrossAttention(x, context) with the weights of tinytf.MultiHeadAttention", out, expected,
+    return found(Pitfall.GENERAL, _("CrossAttention differs from the reference"),
+                 differs(_("CrossAttention(x, context) with the weights of tinytf.MultiHeadAttention"), out, expected,
                          shapes(x=x, context=ctx)) + ".",
-                 fix="q from x, k and v from context; split heads with view(B, T, H, d).transpose(1, 2); "
-                     "merge with transpose(1, 2).reshape(B, Tq, D); then out_proj",
-                 fix_zh="q 来自 x，k 和 v 来自 context；用 view(B, T, H, d).transpose(1, 2) 拆分头；"
-                        "用 transpose(1, 2).reshape(B, Tq, D) 合并；最后 out_proj")
+                 fix=_("q from x, k and v from context; split heads with view(B, T, H, d).transpose(1, 2); "
+                       "merge with transpose(1, 2).reshape(B, Tq, D); then out_proj"))
 
 
 def _explain_crash(cross: Any, x: torch.Tensor, problem: Finding) -> Finding:
     """Name the mistake behind a crash of CrossAttention.forward(x [2, 3, 12], context [2, 5, 12])."""
     if "view size is not compatible" in problem.message:
-        return found(Pitfall.VIEW_AFTER_TRANSPOSE, "CrossAttention calls view on a transposed tensor",
-                     f"forward(x [2, 3, 12], context [2, 5, 12]) raised: {problem.message}")
+        return found(Pitfall.VIEW_AFTER_TRANSPOSE, gettext("CrossAttention calls view on a transposed tensor"),
+                     gettext("forward(x [2, 3, 12], context [2, 5, 12]) raised: {problem_message}").format(problem_message=problem.message))
     _, same_length = call_student("CrossAttention.forward", cross, x, x)
     if same_length is None:  # works when Tq == Tk: the lengths are mixed up
-        return found(Pitfall.ORIENTATION, "CrossAttention mixes up Tq and Tk",
-                     f"forward works when context has as many tokens as x, but with x [2, 3, 12] and context [2, 5, 12] "
-                     f"it raised {problem.message}.",
-                     fix="split q with Tq = x.size(1) and k, v with Tk = context.size(1)",
-                     fix_zh="拆分 q 时用 Tq = x.size(1)，拆分 k、v 时用 Tk = context.size(1)")
+        return found(Pitfall.ORIENTATION, gettext("CrossAttention mixes up Tq and Tk"),
+                     gettext("forward works when context has as many tokens as x, but with x [2, 3, 12] and context [2, 5, 12] it "
+                             "raised {problem_message}.").format(problem_message=problem.message),
+                     fix=gettext("split q with Tq = x.size(1) and k, v with Tk = context.size(1)"))
     return problem
 
 
 def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     model_cls = namespace.get("TinyEncoderDecoder")
     if model_cls is None:
-        return [found(Pitfall.GENERAL, "TinyEncoderDecoder is missing", "the probe needs the model the notebook defines.",
-                      fix="keep the given model cell and run it before the probe", fix_zh="保留给定的模型单元，并在探针之前运行它")]
+        return [found(Pitfall.GENERAL, _("TinyEncoderDecoder is missing"), _("the probe needs the model the notebook defines."),
+                      fix=_("keep the given model cell and run it before the probe"))]
     torch.manual_seed(7)
     good = model_cls(12, 3).eval()
     leaky = model_cls(12, 3, leaky=True).eval()
@@ -177,16 +177,15 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
         return [problem]
     changed = changed_inputs(given, {"src": src, "tgt": tgt, "lengths": lengths})
     if changed:  # the model is correct: whatever the probe then reports comes from its own edit, not from a leak
-        return [found(Pitfall.GENERAL, f"probe_encoder_decoder changes its input {' and '.join(changed)}",
-                      f"after the call {', '.join(changed)} no longer hold{'s' if len(changed) == 1 else ''} the values passed in: "
-                      "the probe writes into the caller's tensor, so its 'changed' and 'unchanged' runs see the same edited "
-                      "input and its numbers describe the edit, not the model.",
-                      fix=f"{UNCHANGED_FIX}: src2 = src.clone(), then edit src2",
-                      fix_zh="先克隆输入再修改：src2 = src.clone()，然后修改 src2")]
+        return [found(Pitfall.GENERAL, _("probe_encoder_decoder changes its input {value_join}").format(value_join=' and '.join(changed)),
+                      _("after the call {value_join} no longer hold{value} the values passed in: the probe writes into the caller's "
+                        "tensor, so its 'changed' and 'unchanged' runs see the same edited input and its numbers describe the edit, not "
+                        "the model.").format(value_join=', '.join(changed), value='s' if len(changed) == 1 else ''),
+                      fix=_("clone the input before changing it: src2 = src.clone(), then edit src2"))]
     if not isinstance(p_good, dict) or not set(PROBE_KEYS) <= set(p_good):
-        return [found(Pitfall.GENERAL, "probe_encoder_decoder returns the wrong thing", f"it returned {type(p_good).__name__}.",
-                      fix="return {'encoder_effect': float, 'padding_leak': float}",
-                      fix_zh="返回 {'encoder_effect': float, 'padding_leak': float}")]
+        return [found(Pitfall.GENERAL, _("probe_encoder_decoder returns the wrong thing"),
+                      _("it returned {type}.").format(type=type(p_good).__name__),
+                      fix=_("return {'encoder_effect': float, 'padding_leak': float}"))]
     p_leaky, problem = call_student("probe_encoder_decoder", fn, leaky, src, tgt, lengths)
     if problem:
         return [problem]
@@ -194,25 +193,24 @@ def _diagnose_probe(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     try:
         effect, leak_good, leak_bad = float(p_good["encoder_effect"]), float(p_good["padding_leak"]), float(p_leaky["padding_leak"])
     except (TypeError, ValueError, KeyError):
-        return [found(Pitfall.GENERAL, "probe_encoder_decoder returns non-numbers", "both entries must be numbers.",
-                      fix="convert each with float(...)", fix_zh="用 float(...) 转换每一项")]
+        return [found(Pitfall.GENERAL, _("probe_encoder_decoder returns non-numbers"), _("both entries must be numbers."),
+                      fix=_("convert each with float(...)"))]
     if not effect > 1e-4:
-        findings.append(found(Pitfall.GENERAL, "the probe sees no encoder effect",
-                              f"encoder_effect = {effect:.3g} on a correct model, which reads its encoder.",
-                              fix="replace the REAL encoder positions (t < lengths[b]) of a clone of src by new random values and "
-                                  "compare the outputs",
-                              fix_zh="把 src 的克隆中真实的编码器位置（t < lengths[b]）换成新的随机值，再比较输出"))
+        findings.append(found(Pitfall.GENERAL, _("the probe sees no encoder effect"),
+                              _("encoder_effect = {effect:.3g} on a correct model, which reads its encoder.").format(effect=effect),
+                              fix=_("replace the REAL encoder positions (t < lengths[b]) of a clone of src by new random values and "
+                                    "compare the outputs")))
     if not leak_good < 1e-5:
-        findings.append(found(Pitfall.GENERAL, "the probe reports a leak on a correct model",
-                              f"padding_leak = {leak_good:.3g} on a model that masks its padding: the probe changes more than the padding.",
-                              fix="change only the PADDED positions (t >= lengths[b]) of a clone of src; keep the real ones "
-                                  "exactly as they are",
-                              fix_zh="只修改 src 克隆中被填充的位置（t >= lengths[b]）；真实位置保持完全不变"))
+        findings.append(found(Pitfall.GENERAL, _("the probe reports a leak on a correct model"),
+                              _("padding_leak = {leak:.3g} on a model that masks its padding: the probe changes more than the "
+                                "padding.").format(leak=leak_good),
+                              fix=_("change only the PADDED positions (t >= lengths[b]) of a clone of src; keep the real ones "
+                                    "exactly as they are")))
     if not leak_bad > 1e-4:
-        findings.append(found(Pitfall.GENERAL, "the probe misses a model that ignores padding",
-                              f"padding_leak = {leak_bad:.3g} on the leaky model, whose output does change with the padding.",
-                              fix="padding_leak = max |out - out_changed| when only the padded encoder positions change",
-                              fix_zh="padding_leak = 只改变被填充的编码器位置时的 max |out - out_changed|"))
+        findings.append(found(Pitfall.GENERAL, _("the probe misses a model that ignores padding"),
+                              _("padding_leak = {leak:.3g} on the leaky model, whose output does change with the padding.").format(
+                                  leak=leak_bad),
+                              fix=_("padding_leak = max |out - out_changed| when only the padded encoder positions change")))
     return findings
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from tinytf.checks import Finding, Pitfall, found
 
+from ...translation import _
 from ..judges import judge
 from . import Probe, call_student, judge_findings, swapped
 from .ex05 import named_findings
@@ -68,12 +69,13 @@ def _rows(results: Any, ts: list[int], what: str) -> dict[str, dict[int, dict[st
     out: dict[str, dict[int, dict[str, float]]] = {}
     for name in ("explicit", "sdpa"):
         table = results[name]
-        assert isinstance(table, dict), f"{what}: results[{name!r}] must be a dict keyed by T"
+        assert isinstance(table, dict), _("{what}: results[{name!r}] must be a dict keyed by T").format(what=what, name=name)
         by_t = {int(t): row for t, row in table.items()}
-        assert sorted(by_t) == sorted(ts), f"{what}: {name} has T values {sorted(by_t)}, expected {sorted(ts)}"
+        assert sorted(by_t) == sorted(ts), _("{what}: {name} has T values {by_t}, expected {ts}").format(what=what, name=name,
+            by_t=sorted(by_t), ts=sorted(ts))
         out[name] = {}
         for t, row in by_t.items():
-            assert isinstance(row, dict), f"{what}: {name} T={t} must be a dict"
+            assert isinstance(row, dict), _("{what}: {name} T={t} must be a dict").format(what=what, name=name, t=t)
             out[name][t] = {key: positive(row.get(key), f"{what}: {name} T={t} {key}") for key in ROW_KEYS}
     return out
 
@@ -95,38 +97,41 @@ def _judge_saved(value: Any, batch: int, heads: int, tokens: int, head_dim: int)
              "sdpa": (paths["sdpa"], q, k, v), "exp": (lambda t: t.exp(), q)}
     for key, (fn, *args) in cases.items():
         got = value[key]
-        assert isinstance(got, int) and not isinstance(got, bool), f"saved_tensor_bytes must return an int ({key}: {type(got).__name__})"
+        assert isinstance(got, int) and not isinstance(got, bool), _("saved_tensor_bytes must return an int ({key}: {type})").format(
+            key=key, type=type(got).__name__)
         right = reference_saved_bytes(fn, *args)
-        assert got in right, (f"saved_tensor_bytes counts the wrong number of bytes ({key}): {got}, should be {right[0]}"
-                              + how_off(got, right[0], suspects=_SAVED_SUSPECTS))
+        assert got in right, (_("saved_tensor_bytes counts the wrong number of bytes ({key}): {got}, should be {right}").format(
+            key=key, got=got, right=right[0]) + how_off(got, right[0], suspects=_saved_suspects()))
 
 
-_SAVED_SUSPECTS = {"elements are counted, not bytes (t.numel() without t.element_size() = 4 for float32)": 0.25}
+def _saved_suspects() -> dict[str, float]:
+    """The ratios a byte count off by a known mistake has to the right one, named in the student's language."""
+    return {_("elements are counted, not bytes (t.numel() without t.element_size() = 4 for float32)"): 0.25}
 
 
 @judge("ex06_bench")
 def _judge_bench(value: Any, ts: list[int], heads: int, head_dim: int) -> None:
     has_keys(value, ("main", "fresh"))
     main = value["main"]
-    assert isinstance(main, dict) and isinstance(main.get("conditions"), dict), "the results must record their conditions"
+    assert isinstance(main, dict) and isinstance(main.get("conditions"), dict), _("the results must record their conditions")
     for key in CONDITION_KEYS:
-        assert key in main["conditions"], f"the conditions must record {key!r}"
-    assert main["conditions"]["mask"] == "causal", "the main benchmark uses the causal mask"
-    rows = _rows(main, [256, 512, 1024], "main benchmark")
-    assert all(g > 2.5 for g in _growth(rows["explicit"], "saved_bytes")), "explicit saved bytes must grow ~4x per doubling of T"
-    assert rows["sdpa"][1024]["saved_bytes"] < rows["explicit"][1024]["saved_bytes"], "SDPA must save less than explicit at T=1024"
-    assert rows["sdpa"][1024]["peak_bytes"] < rows["explicit"][1024]["peak_bytes"], "SDPA's peak must be lower than explicit's at T=1024"
+        assert key in main["conditions"], _("the conditions must record {key!r}").format(key=key)
+    assert main["conditions"]["mask"] == "causal", _("the main benchmark uses the causal mask")
+    rows = _rows(main, [256, 512, 1024], _("main benchmark"))
+    assert all(g > 2.5 for g in _growth(rows["explicit"], "saved_bytes")), _("explicit saved bytes must grow ~4x per doubling of T")
+    assert rows["sdpa"][1024]["saved_bytes"] < rows["explicit"][1024]["saved_bytes"], _("SDPA must save less than explicit at T=1024")
+    assert rows["sdpa"][1024]["peak_bytes"] < rows["explicit"][1024]["peak_bytes"], _("SDPA's peak must be lower than explicit's at T=1024")
 
     ts = [int(t) for t in ts]
-    fresh = _rows(value["fresh"], ts, "fresh benchmark")
+    fresh = _rows(value["fresh"], ts, _("fresh benchmark"))
     paths = _paths()
     for t in ts:
         for name in ("explicit", "sdpa"):
             expected = reference_saved_bytes(paths[name], *_qkv(1, int(heads), t, int(head_dim)), True)
             got = int(fresh[name][t]["saved_bytes"])
-            assert got in expected, (f"fresh benchmark: {name} T={t} saved_bytes = {got} differs from the reference {expected[0]}"
-                                     + how_off(got, expected[0], suspects=_SAVED_SUSPECTS))
-    assert all(g > 2.5 for g in _growth(fresh["explicit"], "saved_bytes")), "explicit saved bytes must grow ~4x per doubling of T"
+            assert got in expected, (_("fresh benchmark: {name} T={t} saved_bytes = {got} differs from the reference {want}").format(
+                name=name, t=t, got=got, want=expected[0]) + how_off(got, expected[0], suspects=_saved_suspects()))
+    assert all(g > 2.5 for g in _growth(fresh["explicit"], "saved_bytes")), _("explicit saved bytes must grow ~4x per doubling of T")
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -138,19 +143,18 @@ def _diagnose_saved(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(n, int) or isinstance(n, bool):
-        return [found(Pitfall.GENERAL, "saved_tensor_bytes must return an int", f"got {type(n).__name__}.",
-                      fix="add up the int t.numel() * t.element_size() of each saved tensor",
-                      fix_zh="把每个被保存张量的 t.numel() * t.element_size()（整数）加起来")]
+        return [found(Pitfall.GENERAL, _("saved_tensor_bytes must return an int"), _("got {type}.").format(type=type(n).__name__),
+                      fix=_("add up the int t.numel() * t.element_size() of each saved tensor"))]
     if n == 15:
-        return [found(Pitfall.GENERAL, "saved_tensor_bytes counts elements, not bytes",
-                      f"x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how_off(n, 60)}.",
-                      fix="multiply t.numel() by t.element_size() (4 for float32)",
-                      fix_zh="把 t.numel() 乘以 t.element_size()（float32 为 4）")]
+        return [found(Pitfall.GENERAL, _("saved_tensor_bytes counts elements, not bytes"),
+                      _("x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how}.")
+                      .format(n=n, how=how_off(n, 60)),
+                      fix=_("multiply t.numel() by t.element_size() (4 for float32)"))]
     if n != 60:
-        return [found(Pitfall.GENERAL, "saved_tensor_bytes counts the wrong bytes",
-                      f"x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how_off(n, 60)}.",
-                      fix="add t.numel() * t.element_size() in the pack hook and return the tensor unchanged",
-                      fix_zh="在 pack hook 中累加 t.numel() * t.element_size()，并原样返回张量")]
+        return [found(Pitfall.GENERAL, _("saved_tensor_bytes counts the wrong bytes"),
+                      _("x.exp() on a [3, 5] float32 tensor saves its 60-byte output; you counted {n}{how}.")
+                      .format(n=n, how=how_off(n, 60)),
+                      fix=_("add t.numel() * t.element_size() in the pack hook and return the tensor unchanged"))]
     q, k, v = _qkv(1, 2, 32, 8)
     explicit = _paths()["explicit"]
     n, problem = call_student("saved_tensor_bytes", fn, explicit, q, k, v, True)
@@ -158,10 +162,10 @@ def _diagnose_saved(fn: Any) -> list[Finding]:
         return [problem]
     if n not in reference_saved_bytes(explicit, q, k, v, True):
         right = reference_saved_bytes(explicit, q, k, v, True)[0]
-        return [found(Pitfall.GENERAL, "saved_tensor_bytes is wrong on attention",
-                      f"the explicit causal path on q, k, v [1, 2, 32, 8] saves {right} bytes; you counted {n}{how_off(n, right)}.",
-                      fix="count every tensor the pack hook receives while fn(*args) runs (pass *args through to fn)",
-                      fix_zh="统计 fn(*args) 运行期间 pack hook 收到的每个张量（把 *args 原样传给 fn）")]
+        return [found(Pitfall.GENERAL, _("saved_tensor_bytes is wrong on attention"),
+                      _("the explicit causal path on q, k, v [1, 2, 32, 8] saves {right} bytes; you counted {n}{how}.").format(
+                          right=right, n=n, how=how_off(n, right)),
+                      fix=_("count every tensor the pack hook receives while fn(*args) runs (pass *args through to fn)"))]
     return []
 
 
@@ -172,23 +176,20 @@ def _diagnose_bench(fn: Any, namespace: dict[str, Any]) -> list[Finding]:
     if problem:
         return [problem]
     try:
-        rows = _rows(res, [32, 64], "benchmark_attention((32, 64))")
+        rows = _rows(res, [32, 64], _("benchmark_attention((32, 64))"))
     except AssertionError as err:
-        return [found(Pitfall.GENERAL, "benchmark_attention returns the wrong structure", f"{err}.",
-                      fix="return {'conditions': {...}, 'explicit': {T: row}, 'sdpa': {T: row}} with the row keys "
-                          "saved_bytes, peak_bytes, ms, tokens_per_s",
-                      fix_zh="返回 {'conditions': {...}, 'explicit': {T: row}, 'sdpa': {T: row}}，每行包含 "
-                             "saved_bytes、peak_bytes、ms、tokens_per_s")]
+        return [found(Pitfall.GENERAL, _("benchmark_attention returns the wrong structure"), _("{err}.").format(err=err),
+                      fix=_("return {'conditions': {...}, 'explicit': {T: row}, 'sdpa': {T: row}} with the row keys "
+                            "saved_bytes, peak_bytes, ms, tokens_per_s"))]
     if not isinstance(res.get("conditions"), dict) or not all(key in res["conditions"] for key in CONDITION_KEYS):
-        return [found(Pitfall.COLD_TIMING, "benchmark_attention does not record its conditions",
-                      "a number without its conditions cannot be compared.",
-                      fix=f"return them under 'conditions': {', '.join(CONDITION_KEYS)}",
-                      fix_zh=f"在 'conditions' 中记录：{', '.join(CONDITION_KEYS)}")]
+        return [found(Pitfall.COLD_TIMING, _("benchmark_attention does not record its conditions"),
+                      _("a number without its conditions cannot be compared."),
+                      fix=_("return them under 'conditions': {value_join}").format(value_join=", ".join(CONDITION_KEYS)))]
     if rows["explicit"][64]["saved_bytes"] <= rows["explicit"][32]["saved_bytes"]:
-        return [found(Pitfall.GENERAL, "saved bytes do not grow with T",
-                      f"explicit saved {rows['explicit'][32]['saved_bytes']} bytes at T=32 and "
-                      f"{rows['explicit'][64]['saved_bytes']} at T=64.",
-                      fix="measure each T on its own q, k, v of length T", fix_zh="每个 T 都用它自己长度为 T 的 q、k、v 来测量")]
+        return [found(Pitfall.GENERAL, _("saved bytes do not grow with T"),
+                      _("explicit saved {small} bytes at T=32 and {large} at T=64.").format(
+                          small=rows['explicit'][32]['saved_bytes'], large=rows['explicit'][64]['saved_bytes']),
+                      fix=_("measure each T on its own q, k, v of length T"))]
     return _causal_findings(rows, res["conditions"])
 
 
@@ -200,12 +201,13 @@ def _causal_findings(rows: dict[str, dict[int, dict[str, float]]], conditions: d
         causal, plain = (reference_saved_bytes(path, *_qkv(1, 1, 64, 8), c) for c in (True, False))
         if got in causal:
             continue
-        what = "without the causal mask" if got in plain and not set(plain) & set(causal) else "on something else"
-        findings.append(found(Pitfall.MASK, f"benchmark_attention measures {name} {what}",
-                              f"benchmark_attention((32, 64), causal=True) records mask={conditions.get('mask')!r}, but {name} at "
-                              f"T=64 saved {got:,d} bytes{how_off(got, causal[0])}; with is_causal=True it saves {causal[0]:,d}.",
-                              fix="pass causal on to both paths: fn(q, k, v, causal)",
-                              fix_zh="把 causal 传给两条路径：fn(q, k, v, causal)"))
+        what = _("without the causal mask") if got in plain and not set(plain) & set(causal) else _("on something else")
+        findings.append(found(Pitfall.MASK, _("benchmark_attention measures {name} {what}").format(name=name, what=what),
+                              _("benchmark_attention((32, 64), causal=True) records mask={conditions_get!r}, but {name} at T=64 saved "
+                                "{got:,d} bytes{how}; with is_causal=True it saves {causal:,d}.").format(
+                                  conditions_get=conditions.get('mask'), name=name, got=got, how=how_off(got, causal[0]),
+                                  causal=causal[0]),
+                              fix=_("pass causal on to both paths: fn(q, k, v, causal)")))
     return findings
 
 

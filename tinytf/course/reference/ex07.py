@@ -15,6 +15,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
+from ...translation import N_, _, gettext
 from ..judges import judge
 from . import call_student, judge_findings
 from .ex05 import named_findings
@@ -51,23 +52,24 @@ def _attn(x: torch.Tensor, heads: int, qkv_weight: torch.Tensor, qkv_bias: torch
 def _judge_cache(value: Any, layers: int, writes: list[dict[str, Any]]) -> None:
     has_keys(value, ("returned", "lengths"))
     returned = value["returned"]
-    assert isinstance(returned, list) and len(returned) == len(writes), "one (k, v) per update call"
+    assert isinstance(returned, list) and len(returned) == len(writes), _("one (k, v) per update call")
     k_ref: list[torch.Tensor | None] = [None] * int(layers)
     v_ref: list[torch.Tensor | None] = [None] * int(layers)
     for i, (w, got) in enumerate(zip(writes, returned)):
         layer = int(w["layer"])
         k_ref[layer] = w["k"] if k_ref[layer] is None else torch.cat([k_ref[layer], w["k"]], dim=2)
         v_ref[layer] = w["v"] if v_ref[layer] is None else torch.cat([v_ref[layer], w["v"]], dim=2)
-        has_keys(got, ("k", "v"), f"the record of update #{i + 1}")
+        has_keys(got, ("k", "v"), _("the record of update #{value}").format(value=i + 1))
         for key, ref in (("k", k_ref[layer]), ("v", v_ref[layer])):
-            t = tensor(got[key], ref.shape, f"update #{i + 1} returned {key}", dtype=None)
-            assert torch.equal(t, ref), f"update #{i + 1}: the returned {key} is not the old entries followed by the new ones (dim=2)"
+            t = tensor(got[key], ref.shape, _("update #{value} returned {key}").format(value=i + 1, key=key), dtype=None)
+            assert torch.equal(t, ref), (_("update #{n}: the returned {key} is not the old entries followed by the new ones "
+                                           "(dim=2)").format(n=i + 1, key=key))
     lengths = [0 if k is None else k.size(2) for k in k_ref]
     got = list(value["lengths"])
     wrong = next(((i, g, w) for i, (g, w) in enumerate(zip(got, lengths)) if g != w), None)
-    off = how_off(wrong[1], wrong[2], step=("token", 1)) if wrong else ""
-    how = f" (layer {wrong[0]}{off})" if off else ""
-    assert got == lengths, f"lengths should be {lengths}, got {value['lengths']}{how}"
+    off = how_off(wrong[1], wrong[2], step=(_("token"), 1)) if wrong else ""
+    how = _(" (layer {layer}{off})").format(layer=wrong[0], off=off) if off else ""
+    assert got == lengths, _("lengths should be {lengths}, got {value}").format(lengths=lengths, value=value['lengths']) + how
 
 
 @judge("ex07_step")
@@ -76,8 +78,8 @@ def _judge_step(value: Any, x: torch.Tensor, prefill: int, heads: int, qkv_weigh
     attn = _attn(x, heads, qkv_weight, qkv_bias, proj_weight, proj_bias)
     with torch.no_grad():
         expected = attn(x.float())
-    got = tensor(value, expected.shape, "the concatenated cached outputs")
-    close(got, expected, "cached attention", atol=1e-4, reference="recomputing the full sequence",
+    got = tensor(value, expected.shape, _("the concatenated cached outputs"))
+    close(got, expected, _("cached attention"), atol=1e-4, reference=_("recomputing the full sequence"),
           given=shapes(x=x, heads=int(heads), prefill=int(prefill)))
 
 
@@ -89,13 +91,15 @@ def _judge_generate(value: Any, prompt: torch.Tensor, config: dict[str, int], st
     model = TinyLanguageModel.from_config(config)
     model.load_state_dict(state_dict)
     ids, logits = reference_two_step(model.eval(), prompt)
-    for suffix, what in (("", "generate_two_step (cached)"), ("_recompute", "generate_two_step_recompute")):
-        got_logits = tensor(value[f"logits{suffix}"], logits.shape, f"{what} logits")
+    for suffix, what in (("", _("generate_two_step (cached)")), ("_recompute", "generate_two_step_recompute")):
+        got_logits = tensor(value[f"logits{suffix}"], logits.shape, _("{what} logits").format(what=what))
         assert torch.allclose(got_logits, logits, atol=1e-4, rtol=1e-4), (
-            f"{what}: logits differ from recomputing the prefix: {should_be(got_logits, logits, shapes(prompt=prompt))}")
-        got_ids = tensor(value[f"ids{suffix}"], ids.shape, f"{what} ids", dtype=None)
+            _("{what}: logits differ from recomputing the prefix: {should_be}").format(what=what,
+                should_be=should_be(got_logits, logits, shapes(prompt=prompt))))
+        got_ids = tensor(value[f"ids{suffix}"], ids.shape, _("{what} ids").format(what=what), dtype=None)
         assert torch.equal(got_ids.long(), ids), (
-            f"{what}: the generated tokens differ from greedy decoding: {should_be(got_ids, ids, shapes(prompt=prompt))}")
+            _("{what}: the generated tokens differ from greedy decoding: {should_be}").format(what=what,
+                should_be=should_be(got_ids, ids, shapes(prompt=prompt))))
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -114,36 +118,31 @@ def _diagnose_cache(cls: Any) -> list[Finding]:
     second, problem = call_student("SimpleKVCache.update", cache.update, 0, k1, v1)
     if problem:
         if "Sizes of tensors must match" in problem.message:  # torch.cat along the wrong axis
-            return [found(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
-                          f"appending 1 token to 3 failed ({problem.message}).",
-                          fix="append along time: torch.cat([k[layer], k_new], dim=2) (k, v are [B, H, T, d_head])",
-                          fix_zh="沿时间轴追加：torch.cat([k[layer], k_new], dim=2)（k、v 的形状是 [B, H, T, d_head]）")]
+            return [found(Pitfall.ORIENTATION, _("update concatenates along the wrong axis"),
+                          _("appending 1 token to 3 failed ({problem}).").format(problem=problem.message),
+                          fix=_("append along time: torch.cat([k[layer], k_new], dim=2) (k, v are [B, H, T, d_head])"))]
         return [problem]
     if not (isinstance(second, tuple) and len(second) == 2 and all(isinstance(t, torch.Tensor) for t in second)):
-        return [found(Pitfall.GENERAL, "update must return (k, v)", f"it returned {type(second).__name__}.",
-                      fix="return the two tensors of everything cached for that layer: return k[layer], v[layer]",
-                      fix_zh="返回这一层缓存的全部内容这两个张量：return k[layer], v[layer]")]
+        return [found(Pitfall.GENERAL, _("update must return (k, v)"), _("it returned {type}.").format(type=type(second).__name__),
+                      fix=_("return the two tensors of everything cached for that layer: return k[layer], v[layer]"))]
     k_all = second[0]
     if tuple(k_all.shape) == (1, 2, 1, 4):
-        return [found(Pitfall.KV_CACHE, "update returns only the new entries",
-                      "after 3 + 1 tokens it returned [1, 2, 1, 4]: a decode step must attend over ALL cached keys.",
-                      fix="concatenate the old and new entries, store them and return them: torch.cat([k[layer], k_new], dim=2)",
-                      fix_zh="把旧条目和新条目拼接起来，存下并返回：torch.cat([k[layer], k_new], dim=2)")]
+        return [found(Pitfall.KV_CACHE, _("update returns only the new entries"),
+                      _("after 3 + 1 tokens it returned [1, 2, 1, 4]: a decode step must attend over ALL cached keys."),
+                      fix=_("concatenate the old and new entries, store them and return them: torch.cat([k[layer], k_new], dim=2)"))]
     if tuple(k_all.shape) != (1, 2, 4, 4):
-        return [found(Pitfall.ORIENTATION, "update concatenates along the wrong axis",
-                      f"after 3 + 1 tokens expected [1, 2, 4, 4], got {list(k_all.shape)}.",
-                      fix="append along time: torch.cat([k[layer], k_new], dim=2) (k, v are [B, H, T, d_head])",
-                          fix_zh="沿时间轴追加：torch.cat([k[layer], k_new], dim=2)（k、v 的形状是 [B, H, T, d_head]）")]
+        return [found(Pitfall.ORIENTATION, _("update concatenates along the wrong axis"),
+                      _("after 3 + 1 tokens expected [1, 2, 4, 4], got {k_all_shape}.").format(k_all_shape=list(k_all.shape)),
+                      fix=_("append along time: torch.cat([k[layer], k_new], dim=2) (k, v are [B, H, T, d_head])"))]
     for name, got, old, new in (("k", k_all, k0, k1), ("v", second[1], v0, v1)):
         wrong = _wrong_entries(name, got, old, new)
         if wrong:
             return [wrong]
     lengths = cache.lengths
     if list(lengths) != [4, 0]:
-        return [found(Pitfall.GENERAL, "the cache's lengths are wrong",
-                      f"after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.",
-                      fix="lengths[layer] = k[layer].size(2), 0 for a layer with nothing cached",
-                      fix_zh="lengths[layer] = k[layer].size(2)，没有缓存的层为 0")]
+        return [found(Pitfall.GENERAL, _("the cache's lengths are wrong"),
+                      _("after 4 tokens in layer 0 and none in layer 1 expected [4, 0], got {lengths}.").format(lengths=lengths),
+                      fix=_("lengths[layer] = k[layer].size(2), 0 for a layer with nothing cached"))]
     return []
 
 
@@ -153,35 +152,34 @@ def _wrong_entries(name: str, got: Any, old: torch.Tensor, new: torch.Tensor) ->
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, expected):
         return None
     if isinstance(got, torch.Tensor) and got.shape == new.shape and torch.equal(got, new):
-        return found(Pitfall.KV_CACHE, f"update overwrites {name} instead of appending",
-                     f"after 3 + 1 tokens the returned {name} should be [1, 2, 4, 4] (old entries, then the new one), got only "
-                     f"the new entry {list(got.shape)}.",
-                     fix=f"{name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2)",
-                     fix_zh=f"{name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2)")
+        return found(Pitfall.KV_CACHE, _("update overwrites {name} instead of appending").format(name=name),
+                     _("after 3 + 1 tokens the returned {name} should be [1, 2, 4, 4] (old entries, then the new one), got only the "
+                       "new entry {got_shape}.").format(name=name, got_shape=list(got.shape)),
+                     fix=f"{name}[layer] = torch.cat([{name}[layer], {name}_new], dim=2)")  # code: the same in every language
     cat = f"torch.cat([{name}[layer], {name}_new], dim=2)"
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, torch.cat([new, old], dim=2)):
-        return found(Pitfall.KV_CACHE, f"update puts the new {name} before the old ones", "time runs along dim=2, old entries first.",
-                     fix=f"{cat}: old entries first", fix_zh=f"{cat}：旧条目在前")
-    return found(Pitfall.KV_CACHE, f"update returns the wrong {name}",
-                 f"after 3 + 1 tokens {name} should be [1, 2, 4, 4] = torch.cat([old, new], dim=2) of the {name} tensors "
-                 f"passed in (first entries {expected.flatten()[:3].tolist()}), got {shape_of(got)}.",
-                 fix=f"store and return {cat}, the tensors passed in, unchanged", fix_zh=f"存下并返回 {cat}，即传入的张量本身，不做修改")
+        return found(Pitfall.KV_CACHE, _("update puts the new {name} before the old ones").format(name=name),
+                     _("time runs along dim=2, old entries first."), fix=_("{cat}: old entries first").format(cat=cat))
+    return found(Pitfall.KV_CACHE, _("update returns the wrong {name}").format(name=name),
+                 _("after 3 + 1 tokens {name} should be [1, 2, 4, 4] = torch.cat([old, new], dim=2) of the {name} tensors passed in "
+                   "(first entries {expected_flatten_tolist}), got {got}.").format(name=name,
+                       expected_flatten_tolist=expected.flatten()[:3].tolist(), got=shape_of(got)),
+                 fix=_("store and return {cat}, the tensors passed in, unchanged").format(cat=cat))
 
 
 # a cached step's own fix: the catalog's square ones(T, T).tril() is exactly the mask that is wrong here
-_STEP_FIX = "use tinytf.causal_mask(t, past + t): END-aligned, [t, past + t], new token i reads keys 0 .. past + i"
-_STEP_FIX_ZH = "使用 tinytf.causal_mask(t, past + t)：末尾对齐，形状 [t, past + t]，第 i 个新 token 读取键 0 .. past + i"
+_STEP_FIX = N_("use tinytf.causal_mask(t, past + t): END-aligned, [t, past + t], new token i reads keys 0 .. past + i")
 
 _MASKS = {  # a student's causal mask [t, T] (T = past + t): (allowed(t, T), title, what it does)
-    "sees_next": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t + 1), "the causal mask lets tokens read one key too many",
-                  "each token also reads the NEXT key: the diagonal is off by one"),
-    "not_itself": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t - 1), "the causal mask hides each token's own key",
-                   "each token reads keys 0 .. position - 1 only: the diagonal is off by one"),
-    "start": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(0), "decode steps do not see the whole cache",
-              "the mask is START-aligned, so a decode token at position past reads only key 0; it must be END-aligned "
-              "(tinytf.causal_mask(t, past + t))"),
-    "none": (lambda t, n: torch.ones(t, n, dtype=torch.bool), "the prefill lets tokens see the future",
-             "no causal mask: with t > 1 new tokens each one reads the later ones too"),
+    "sees_next": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t + 1), N_("the causal mask lets tokens read one key too many"),
+                  N_("each token also reads the NEXT key: the diagonal is off by one")),
+    "not_itself": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(n - t - 1), N_("the causal mask hides each token's own key"),
+                   N_("each token reads keys 0 .. position - 1 only: the diagonal is off by one")),
+    "start": (lambda t, n: torch.ones(t, n, dtype=torch.bool).tril(0), N_("decode steps do not see the whole cache"),
+              N_("the mask is START-aligned, so a decode token at position past reads only key 0; it must be END-aligned "
+              "(tinytf.causal_mask(t, past + t))")),
+    "none": (lambda t, n: torch.ones(t, n, dtype=torch.bool), N_("the prefill lets tokens see the future"),
+             N_("no causal mask: with t > 1 new tokens each one reads the later ones too")),
 }
 
 
@@ -203,10 +201,10 @@ def _name_step_mask(attn: Any, x: torch.Tensor, got: list[Any]) -> Finding | Non
             ref = _masked_steps(attn, x, [0, 4, 5, 6], allowed)
             if all(isinstance(g, torch.Tensor) and g.shape == r.shape and torch.allclose(g, r, atol=1e-4, equal_nan=True)
                    for g, r in zip(got, ref)):
-                return Finding(Pitfall.CAUSAL_OFF_BY_ONE, title,
-                               f"{meaning}. Seen with a prefill of 4 tokens then decode steps at positions 4 and 5: the new tokens "
-                               "at absolute positions past .. past + t - 1 may read keys 0 .. their own position: "
-                               "tinytf.causal_mask(t, past + t).", fix=_STEP_FIX, fix_zh=_STEP_FIX_ZH)
+                return Finding(Pitfall.CAUSAL_OFF_BY_ONE, _(title),
+                               _("{meaning}. Seen with a prefill of 4 tokens then decode steps at positions 4 and 5: the new tokens at "
+                                 "absolute positions past .. past + t - 1 may read keys 0 .. their own position: tinytf.causal_mask(t, "
+                                 "past + t).").format(meaning=_(meaning)), fix=_(_STEP_FIX))
     return None
 
 
@@ -219,17 +217,16 @@ def _diagnose_step(fn: Any) -> list[Finding]:
     cache = KVCache(1, 2, 3, 8, 4)
     with torch.no_grad():
         full = attn(x)
-        pre, problem = call_student("attention_step (prefill)", fn, attn, x[:, :4], cache)
+        pre, problem = call_student(_("attention_step (prefill)"), fn, attn, x[:, :4], cache)
         if problem:
             return [problem]
         if not isinstance(pre, torch.Tensor) or pre.shape != (2, 4, 12):
-            return [found(Pitfall.ORIENTATION, "attention_step returns the wrong shape",
-                          f"a prefill of 4 tokens should give [2, 4, 12], got {shape_of(pre)}.",
-                          fix="merge the heads with out.transpose(1, 2).reshape(B, t, D), then attn.proj",
-                          fix_zh="用 out.transpose(1, 2).reshape(B, t, D) 合并各头，再做 attn.proj")]
+            return [found(Pitfall.ORIENTATION, _("attention_step returns the wrong shape"),
+                          _("a prefill of 4 tokens should give [2, 4, 12], got {pre}.").format(pre=shape_of(pre)),
+                          fix=_("merge the heads with out.transpose(1, 2).reshape(B, t, D), then attn.proj"))]
         steps = []
         for i in (4, 5):
-            out, problem = call_student("attention_step (decode)", fn, attn, x[:, i : i + 1], cache)
+            out, problem = call_student(_("attention_step (decode)"), fn, attn, x[:, i : i + 1], cache)
             if problem:
                 return [problem]
             steps.append(out)
@@ -241,15 +238,13 @@ def _diagnose_step(fn: Any) -> list[Finding]:
     named = _name_step_mask(attn, x, [pre, *steps])
     if named:
         return [named]
-    where = "the prefill (positions 0..3)" if not pre_ok else "the decode step at position " + ("4" if not torch.allclose(
-        steps[0], full[:, 4:5], atol=1e-4) else "5")
-    return [found(Pitfall.GENERAL, "attention_step differs from the full pass",
-                  f"with a CausalSelfAttention(12, 3), x [2, 6, 12], a prefill of 4 tokens and two decode steps, {where} differs "
-                  "from attn(x).",
-                  fix="project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by 1/sqrt(head_dim), mask with "
-                      "tinytf.causal_mask(t, past + t), softmax over the keys, merge heads, attn.proj",
-                  fix_zh="只用 attn.qkv 投影 x_new，拆分头，cache.update(layer, k, v)，乘以 1/sqrt(head_dim)，用 "
-                         "tinytf.causal_mask(t, past + t) 做掩码，在键上做 softmax，合并头，attn.proj")]
+    where = _("the prefill (positions 0..3)") if not pre_ok else _("the decode step at position {position}").format(
+        position=4 if not torch.allclose(steps[0], full[:, 4:5], atol=1e-4) else 5)
+    return [found(Pitfall.GENERAL, _("attention_step differs from the full pass"),
+                  _("with a CausalSelfAttention(12, 3), x [2, 6, 12], a prefill of 4 tokens and two decode steps, {where} differs from "
+                    "attn(x).").format(where=where),
+                  fix=_("project only x_new with attn.qkv, split heads, cache.update(layer, k, v), scale by 1/sqrt(head_dim), mask with "
+                        "tinytf.causal_mask(t, past + t), softmax over the keys, merge heads, attn.proj"))]
 
 
 def _diagnose_chunk(fn: Any, attn: torch.nn.Module, x: torch.Tensor, full: torch.Tensor) -> list[Finding]:
@@ -258,16 +253,17 @@ def _diagnose_chunk(fn: Any, attn: torch.nn.Module, x: torch.Tensor, full: torch
 
     cache = KVCache(1, 2, 3, 8, 4)
     with torch.no_grad():
-        _, problem = call_student("attention_step (prefill)", fn, attn, x[:, :3], cache)
-        chunk, problem = (None, problem) if problem else call_student("attention_step (2 tokens after 3 cached)", fn, attn,
+        _, problem = call_student(gettext("attention_step (prefill)"), fn, attn, x[:, :3], cache)
+        chunk, problem = (None, problem) if problem else call_student(gettext("attention_step (2 tokens after 3 cached)"), fn, attn,
                                                                       x[:, 3:5], cache)
     if isinstance(chunk, torch.Tensor) and chunk.shape == (2, 2, 12) and torch.allclose(chunk, full[:, 3:5], atol=1e-4):
         return []
-    return [Finding(Pitfall.GENERAL, "attention_step is wrong for several new tokens after cached ones",
-                    "a prefill and one-token decode steps are right, but 2 new tokens after 3 cached ones "
-                    f"({'raised: ' + problem.message if problem else 'differ from attn(x)'}): the mask must be END-aligned, "
-                    "[t, past + t], new token i reads keys 0..past + i: tinytf.causal_mask(t, past + t), not causal_mask(t).",
-                    fix=_STEP_FIX, fix_zh=_STEP_FIX_ZH)]
+    return [Finding(Pitfall.GENERAL, gettext("attention_step is wrong for several new tokens after cached ones"),
+                    gettext("a prefill and one-token decode steps are right, but 2 new tokens after 3 cached ones ({value}): the mask "
+                            "must be END-aligned, [t, past + t], new token i reads keys 0..past + i: tinytf.causal_mask(t, past + t), "
+                            "not causal_mask(t).").format(value=gettext("raised: {message}").format(message=problem.message) if problem
+                                                      else gettext("differ from attn(x)")),
+                    fix=gettext(_STEP_FIX))]
 
 
 def _generation_probe() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -290,10 +286,9 @@ def _diagnose_recompute(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not _same_steps(res, ids, logits):
-        return [found(Pitfall.GENERAL, "generate_two_step_recompute is wrong",
-                      "its tokens or logits differ from two greedy steps that recompute the whole prefix.",
-                      fix="run the model on the whole prefix, take logits[:, -1], argmax, append; twice",
-                      fix_zh="在整个前缀上运行模型，取 logits[:, -1]，argmax，追加；重复两次")]
+        return [found(Pitfall.GENERAL, _("generate_two_step_recompute is wrong"),
+                      _("its tokens or logits differ from two greedy steps that recompute the whole prefix."),
+                      fix=_("run the model on the whole prefix, take logits[:, -1], argmax, append; twice"))]
     return []
 
 
@@ -306,16 +301,15 @@ def _diagnose_cached(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if cache.seen > prompt.size(1) + 1:
-        return [found(Pitfall.KV_CACHE, "step 2 feeds more than the new token",
-                      f"after the loop the cache holds {cache.seen} tokens, expected {prompt.size(1) + 1}"
-                      f"{how_off(cache.seen, prompt.size(1) + 1, step=('token', 1))}.",
-                      fix="with a cache, step 2 runs the model on the ONE token chosen in step 1: model(token[:, None], cache=cache)",
-                      fix_zh="有了缓存，第 2 步只把第 1 步选出的那一个 token 送进模型：model(token[:, None], cache=cache)")]
+        return [found(Pitfall.KV_CACHE, _("step 2 feeds more than the new token"),
+                      _("after the loop the cache holds {cache_seen} tokens, expected {value}{how}.").format(
+                          cache_seen=cache.seen, value=prompt.size(1) + 1,
+                          how=how_off(cache.seen, prompt.size(1) + 1, step=(_("token"), 1))),
+                      fix=_("with a cache, step 2 runs the model on the ONE token chosen in step 1: model(token[:, None], cache=cache)"))]
     if not _same_steps(res, ids, logits):
-        return [found(Pitfall.GENERAL, "generate_two_step differs from recomputing the prefix",
-                      "its tokens or logits differ from two greedy steps that recompute the whole prefix.",
-                      fix="prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache)",
-                      fix_zh="先用 model(prompt, cache=cache) 预填充，对最后的 logits 取 argmax，再 model(token, cache=cache)")]
+        return [found(Pitfall.GENERAL, _("generate_two_step differs from recomputing the prefix"),
+                      _("its tokens or logits differ from two greedy steps that recompute the whole prefix."),
+                      fix=_("prefill with model(prompt, cache=cache), argmax of the last logits, then model(token, cache=cache)"))]
     return []
 
 

@@ -17,6 +17,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
+from ...translation import _, gettext
 from ..judges import judge
 from . import call_student, judge_findings, stub_or, with_cause
 from .ex05 import named_findings
@@ -50,29 +51,30 @@ def _model(config: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> torch
 
 def _check_report(rep: Any, model: torch.nn.Module, val_data: torch.Tensor, schedule: dict[str, Any], what: str) -> float:
     """Consistency checks shared by the main and the fresh training report; returns the recomputed val loss."""
-    has_keys(rep, REPORT_KEYS, f"{what}: the report")
+    has_keys(rep, REPORT_KEYS, _("{what}: the report").format(what=what))
     steps, block = int(schedule["steps"]), int(schedule["block"])
     val = reference_evaluate(model, val_data, block)
-    got = positive(rep["val_loss"], f"{what}: val_loss")
-    assert abs(got - val) < 1e-3, f"{what}: val_loss is not the validation loss of the trained model"
+    got = positive(rep["val_loss"], _("{what}: val_loss").format(what=what))
+    assert abs(got - val) < 1e-3, _("{what}: val_loss is not the validation loss of the trained model").format(what=what)
     for key in ("train_loss", "tokens_per_s", "peak_memory_bytes"):
         positive(rep[key], f"{what}: {key}")
     lrs, losses = rep["lrs"], rep["losses"]
-    assert isinstance(lrs, list) and len(lrs) == steps, f"{what}: one learning rate per step"
-    assert isinstance(losses, list) and len(losses) == steps, f"{what}: one loss per step"
-    assert all(math.isfinite(float(x)) for x in losses), f"{what}: non-finite training loss"
+    assert isinstance(lrs, list) and len(lrs) == steps, _("{what}: one learning rate per step").format(what=what)
+    assert isinstance(losses, list) and len(losses) == steps, _("{what}: one loss per step").format(what=what)
+    assert all(math.isfinite(float(x)) for x in losses), _("{what}: non-finite training loss").format(what=what)
     sched = {k: schedule[k] for k in ("max_lr", "min_lr", "warmup")}
     for s, lr in enumerate(lrs):
         assert abs(float(lr) - reference_cosine_lr(s, total=steps, **sched)) < 1e-9, (
-            f"{what}: the learning rate at step {s} is off the schedule"
+            _("{what}: the learning rate at step {s} is off the schedule").format(what=what, s=s)
         )
     mem = rep["memory"]
-    has_keys(mem, MEMORY_KEYS, f"{what}: the memory ledger")
+    has_keys(mem, MEMORY_KEYS, _("{what}: the memory ledger").format(what=what))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert int(mem["parameters"]) == params, f"{what}: the ledger's parameter bytes are wrong"
-    assert int(mem["optimizer_state"]) >= 2 * params, f"{what}: AdamW keeps two tensors per parameter"
-    assert int(mem["saved_activations"]) > 0 and int(mem["step_peak"]) >= int(mem["gradients"]), f"{what}: implausible step memory"
-    assert int(rep["peak_memory_bytes"]) == int(mem["total"]), f"{what}: peak_memory_bytes must be the ledger's total"
+    assert int(mem["parameters"]) == params, _("{what}: the ledger's parameter bytes are wrong").format(what=what)
+    assert int(mem["optimizer_state"]) >= 2 * params, _("{what}: AdamW keeps two tensors per parameter").format(what=what)
+    assert int(mem["saved_activations"]) > 0 and int(mem["step_peak"]) >= int(mem["gradients"]), (
+        _("{what}: implausible step memory").format(what=what))
+    assert int(rep["peak_memory_bytes"]) == int(mem["total"]), _("{what}: peak_memory_bytes must be the ledger's total").format(what=what)
     return val
 
 
@@ -83,23 +85,23 @@ def _check_report(rep: Any, model: torch.nn.Module, val_data: torch.Tensor, sche
 def _judge_vocab(value: Any, text: str) -> None:
     has_keys(value, ("itos", "stoi", "ids", "decoded"))
     itos = sorted(set(text))
-    assert list(value["itos"]) == itos, "itos must be the sorted distinct characters of the text"
-    assert value["stoi"] == {ch: i for i, ch in enumerate(itos)}, "stoi must map each character to its index in itos"
+    assert list(value["itos"]) == itos, _("itos must be the sorted distinct characters of the text")
+    assert value["stoi"] == {ch: i for i, ch in enumerate(itos)}, _("stoi must map each character to its index in itos")
     ids = value["ids"]
-    assert isinstance(ids, torch.Tensor) and ids.dtype == torch.long, "encode must return a torch.long tensor"
-    assert ids.tolist() == [itos.index(ch) for ch in text], "encode gives the wrong ids"
-    assert value["decoded"] == text, "decode(encode(text)) must give the text back"
+    assert isinstance(ids, torch.Tensor) and ids.dtype == torch.long, _("encode must return a torch.long tensor")
+    assert ids.tolist() == [itos.index(ch) for ch in text], _("encode gives the wrong ids")
+    assert value["decoded"] == text, _("decode(encode(text)) must give the text back")
 
 
 @judge("ex08_batch")
 def _judge_batch(value: Any, data: torch.Tensor, block: int, batch: int) -> None:
     block, batch = int(block), int(batch)
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == (batch, block), (
-        f"get_batch must return [batch, block] = {[batch, block]}"
+        _("get_batch must return [batch, block] = {value}").format(value=[batch, block])
     )
     windows = data.unfold(0, block, 1)  # [N - block + 1, block]: every allowed window
     for row in value:
-        assert bool((windows == row.to(windows.dtype)).all(dim=1).any()), "each row must be block consecutive tokens of data"
+        assert bool((windows == row.to(windows.dtype)).all(dim=1).any()), _("each row must be block consecutive tokens of data")
 
 
 @judge("ex08_loss")
@@ -109,18 +111,18 @@ def _judge_loss(value: Any, logits: torch.Tensor, ids: torch.Tensor, padded_ids:
     has_keys(value, ("plain", "padded"))
     for key, expected in (("plain", lm_loss(logits, ids)), ("padded", lm_loss(logits, padded_ids, pad_id=0))):
         got = value[key]
-        assert isinstance(got, torch.Tensor) and got.numel() == 1, f"next_char_loss ({key}) must return a scalar tensor"
+        assert isinstance(got, torch.Tensor) and got.numel() == 1, _("next_char_loss ({key}) must return a scalar tensor").format(key=key)
         assert torch.allclose(got.float().reshape(()), expected, atol=1e-5), (
-            f"next_char_loss ({key}) differs from the shifted cross-entropy: "
-            f"{should_be(got, expected, shapes(logits=logits, ids=ids if key == 'plain' else padded_ids))}")
+            _("next_char_loss ({key}) differs from the shifted cross-entropy: {should_be}").format(key=key,
+                should_be=should_be(got, expected, shapes(logits=logits, ids=ids if key == 'plain' else padded_ids))))
 
 
 @judge("ex08_lr")
 def _judge_lr(value: Any, max_lr: float, min_lr: float, warmup: int, total: int) -> None:
-    assert isinstance(value, list) and len(value) == int(total) + 5, "one learning rate per step"
+    assert isinstance(value, list) and len(value) == int(total) + 5, _("one learning rate per step")
     for s, lr in enumerate(value):
         expected = reference_cosine_lr(s, max_lr=max_lr, min_lr=min_lr, warmup=int(warmup), total=int(total))
-        assert abs(float(lr) - expected) <= 1e-12 + 1e-9 * expected, f"cosine_lr is wrong at step {s}"
+        assert abs(float(lr) - expected) <= 1e-12 + 1e-9 * expected, _("cosine_lr is wrong at step {s}").format(s=s)
 
 
 @judge("ex08_train")
@@ -136,25 +138,26 @@ def _judge_train(
     fresh_val_data: torch.Tensor,
 ) -> None:
     has_keys(value, ("main", "fresh"))
-    val = _check_report(value["main"], _model(config, state_dict), val_data, schedule, "the main run")
+    val = _check_report(value["main"], _model(config, state_dict), val_data, schedule, _("the main run"))
     chance = math.log(int(config["vocab"]))
-    assert val < chance - MARGIN, f"the validation loss {val:.3f} is not clearly below log(vocab) = {chance:.3f}"
-    _check_report(value["fresh"], _model(fresh_config, fresh_state_dict), fresh_val_data, fresh_schedule, "a fresh run")
+    assert val < chance - MARGIN, _("the validation loss {val:.3f} is not clearly below log(vocab) = {chance:.3f}").format(val=val,
+        chance=chance)
+    _check_report(value["fresh"], _model(fresh_config, fresh_state_dict), fresh_val_data, fresh_schedule, _("a fresh run"))
 
 
 @judge("ex08_ckpt")
 def _judge_ckpt(value: Any, ids: torch.Tensor, config: dict, state_dict: dict) -> None:
-    assert isinstance(value, dict) and {"logits", "keys", "step", "training"} <= set(value), "incomplete record"
+    assert isinstance(value, dict) and {"logits", "keys", "step", "training"} <= set(value), _("incomplete record")
     missing = {"config", "model", "optimizer", "scheduler", "step"} - set(value["keys"])
-    assert not missing, f"the checkpoint lacks {sorted(missing)}"
-    assert value["step"] == 7, "the checkpoint must store the step it was given"
-    assert value["training"] is False, "load_checkpoint must return the model in eval mode"
+    assert not missing, _("the checkpoint lacks {missing}").format(missing=sorted(missing))
+    assert value["step"] == 7, _("the checkpoint must store the step it was given")
+    assert value["training"] is False, _("load_checkpoint must return the model in eval mode")
     with torch.no_grad():
         expected = _model(config, state_dict)(ids)
     got = value["logits"]
-    assert isinstance(got, torch.Tensor) and got.shape == expected.shape, "the restored model gives logits of the wrong shape"
+    assert isinstance(got, torch.Tensor) and got.shape == expected.shape, _("the restored model gives logits of the wrong shape")
     assert torch.allclose(got.float(), expected, atol=1e-5, rtol=1e-5), (
-        f"the restored model gives different logits: {should_be(got, expected, shapes(ids=ids))}")
+        _("the restored model gives different logits: {should_be}").format(should_be=should_be(got, expected, shapes(ids=ids))))
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -166,27 +169,27 @@ def _diagnose_vocab(ns: dict[str, Any]) -> list[Finding]:
     if problem:
         return [problem]
     if not (isinstance(res, tuple) and len(res) == 2):
-        return [found(Pitfall.GENERAL, "build_vocab must return (stoi, itos)", f"it returned {type(res).__name__}.",
-                      fix="return a dict char -> id and the list of characters: return stoi, itos",
-                      fix_zh="返回字符到 id 的字典和字符列表：return stoi, itos")]
+        return [found(Pitfall.GENERAL, _("build_vocab must return (stoi, itos)"), _("it returned {type}.").format(type=type(res).__name__),
+                      fix=_("return a dict char -> id and the list of characters: return stoi, itos"))]
     stoi, itos = res
     if list(itos) != sorted(set(text)):
-        return [found(Pitfall.GENERAL, "itos is not the sorted distinct characters",
-                      f"for {text!r} itos is {list(itos)!r}: the ids must not depend on the order of the text.",
-                      fix="itos = sorted(set(text))", fix_zh="itos = sorted(set(text))")]
+        return [found(Pitfall.GENERAL, _("itos is not the sorted distinct characters"),
+                      _("for {text!r} itos is {itos!r}: the ids must not depend on the order of the text.").format(text=text,
+                                                                                                                  itos=list(itos)),
+                      fix="itos = sorted(set(text))")]  # code: the same in every language
     ids, problem = call_student("encode", ns["encode"], text, stoi)
     if problem:
         return [problem]
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.tolist() != [itos.index(c) for c in text]:
-        return [found(Pitfall.GENERAL, "encode gives the wrong ids", f"encode({text!r}) gave {ids!r}.",
-                      fix="return torch.tensor([stoi[ch] for ch in text], dtype=torch.long)",
-                      fix_zh="return torch.tensor([stoi[ch] for ch in text], dtype=torch.long)")]
+        return [found(Pitfall.GENERAL, _("encode gives the wrong ids"), _("encode({text!r}) gave {ids!r}.").format(text=text, ids=ids),
+                      fix="return torch.tensor([stoi[ch] for ch in text], dtype=torch.long)")]
     back, problem = call_student("decode", ns["decode"], ids, itos)
     if problem:
         return [problem]
     if back != text:
-        return [found(Pitfall.GENERAL, "decode does not invert encode", f"decode(encode({text!r})) gave {back!r}.",
-                      fix="return ''.join(itos[int(i)] for i in ids)", fix_zh="return ''.join(itos[int(i)] for i in ids)")]
+        return [found(Pitfall.GENERAL, _("decode does not invert encode"),
+                      _("decode(encode({text!r})) gave {back!r}.").format(text=text, back=back),
+                      fix="return ''.join(itos[int(i)] for i in ids)")]
     return []
 
 
@@ -196,13 +199,13 @@ def _diagnose_batch(fn: Any) -> list[Finding]:
     if problem:
         return [problem]
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != (40, 6):
-        return [found(Pitfall.GENERAL, "get_batch returns the wrong shape", f"expected [batch, block] = [40, 6], got {shape_of(x)}.",
-                      fix="stack batch rows of block tokens each: torch.stack([data[s : s + block] for s in starts])",
-                      fix_zh="把 batch 行、每行 block 个 token 堆叠起来：torch.stack([data[s : s + block] for s in starts])")]
+        return [found(Pitfall.GENERAL, _("get_batch returns the wrong shape"), _("expected [batch, block] = [40, 6], got {x}.").format(
+            x=shape_of(x)),
+                      fix=_("stack batch rows of block tokens each: torch.stack([data[s : s + block] for s in starts])"))]
     if not all(torch.equal(r, torch.arange(int(r[0]), int(r[0]) + 6)) for r in x):
-        return [found(Pitfall.GENERAL, "get_batch rows are not consecutive tokens",
-                      "on data = arange(50) a row is not a run of consecutive numbers.",
-                      fix="row i is data[s : s + block] for a random offset s", fix_zh="第 i 行是 data[s : s + block]，s 是随机偏移")]
+        return [found(Pitfall.GENERAL, _("get_batch rows are not consecutive tokens"),
+                      _("on data = arange(50) a row is not a run of consecutive numbers."),
+                      fix=_("row i is data[s : s + block] for a random offset s"))]
     return []
 
 
@@ -219,25 +222,24 @@ def _diagnose_lr(fn: Any) -> list[Finding]:
         if all(abs(float(a) - b) < 1e-9 for a, b in zip(got, ref)):
             return []
         if abs(float(got[0])) < 1e-12:
-            return [found(Pitfall.GENERAL, "the warm-up starts at zero", "cosine_lr(0) = 0, but step 0 already trains.",
-                          fix="use max_lr * (step + 1) / warmup during the warm-up", fix_zh="预热阶段用 max_lr * (step + 1) / warmup")]
+            return [found(Pitfall.GENERAL, _("the warm-up starts at zero"), _("cosine_lr(0) = 0, but step 0 already trains."),
+                          fix=_("use max_lr * (step + 1) / warmup during the warm-up"))]
         if abs(float(got[-1]) - sched["min_lr"]) > 1e-9:
             return [
-                found(Pitfall.GENERAL, "the schedule does not end at min_lr",
-                      f"cosine_lr(23) with total=20 gave {got[-1]!r}, should be min_lr = {sched['min_lr']}.",
-                      fix="after total steps return min_lr; the cosine goes from max_lr to min_lr",
-                      fix_zh="超过 total 步后返回 min_lr；余弦从 max_lr 降到 min_lr")
+                found(Pitfall.GENERAL, _("the schedule does not end at min_lr"),
+                      _("cosine_lr(23) with total=20 gave {got!r}, should be min_lr = {min_lr}.").format(got=got[-1],
+                                                                                                          min_lr=sched['min_lr']),
+                      fix=_("after total steps return min_lr; the cosine goes from max_lr to min_lr"))
             ]
     except (TypeError, ValueError):
-        return [found(Pitfall.GENERAL, "cosine_lr must return a float", f"it returned {type(got[0]).__name__}.",
-                      fix="return a number (float), not a tensor or a list", fix_zh="返回一个数（float），而不是张量或列表")]
+        return [found(Pitfall.GENERAL, _("cosine_lr must return a float"), _("it returned {type}.").format(type=type(got[0]).__name__),
+                      fix=_("return a number (float), not a tensor or a list"))]
     return [
-        found(Pitfall.GENERAL, "cosine_lr is off the schedule",
-              "max_lr=1, min_lr=0.1, warmup=4, total=20: step "
-              + next(f"{s} gave {float(a)!r}, should be {b!r}" for s, (a, b) in enumerate(zip(got, ref)) if not abs(float(a) - b) < 1e-9)
-              + ".",
-              fix="min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * p)) with p = (step - warmup) / (total - warmup)",
-              fix_zh="min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * p))，其中 p = (step - warmup) / (total - warmup)")
+        found(Pitfall.GENERAL, _("cosine_lr is off the schedule"),
+              _("max_lr=1, min_lr=0.1, warmup=4, total=20: step {step}.").format(
+                  step=next(_("{s} gave {a!r}, should be {b!r}").format(s=s, a=float(a), b=b)
+                            for s, (a, b) in enumerate(zip(got, ref)) if not abs(float(a) - b) < 1e-9)),
+              fix=_("min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * p)) with p = (step - warmup) / (total - warmup)"))
     ]
 
 
@@ -260,41 +262,40 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
             raw = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any failure to read the file is the finding
             return [
-                found(Pitfall.GENERAL, "the checkpoint cannot be read with torch.load(weights_only=True)",
-                      f"torch.load raised {type(err).__name__}.",
-                      fix="store plain data only (state dicts, numbers), e.g. with tinytf.save_checkpoint",
-                      fix_zh="只保存普通数据（state dict、数字），例如用 tinytf.save_checkpoint")
+                found(Pitfall.GENERAL, gettext("the checkpoint cannot be read with torch.load(weights_only=True)"),
+                      gettext("torch.load raised {type}.").format(type=type(err).__name__),
+                      fix=gettext("store plain data only (state dicts, numbers), e.g. with tinytf.save_checkpoint"))
             ]
         res, problem = call_student("load_checkpoint", ns["load_checkpoint"], path, "cpu")
         if problem:
             return [problem]
     if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], torch.nn.Module)):
-        return [found(Pitfall.GENERAL, "load_checkpoint must return (model, checkpoint)", f"it returned {type(res).__name__}.",
-                      fix="return the restored TinyLanguageModel and the tinytf.Checkpoint",
-                      fix_zh="返回恢复的 TinyLanguageModel 和 tinytf.Checkpoint")]
+        return [found(Pitfall.GENERAL, gettext("load_checkpoint must return (model, checkpoint)"),
+                      gettext("it returned {type}.").format(type=type(res).__name__),
+                      fix=gettext("return the restored TinyLanguageModel and the tinytf.Checkpoint"))]
     restored = res[0]
     findings = []
     if restored.training:
-        findings.append(found(Pitfall.TRAIN_EVAL, "the restored model is in training mode",
-                              "load_checkpoint returned a model with model.training = True: dropout would stay on.",
-                              fix="call model.eval() on the restored model before returning it",
-                              fix_zh="在返回之前对恢复的模型调用 model.eval()"))
+        findings.append(found(Pitfall.TRAIN_EVAL, gettext("the restored model is in training mode"),
+                              gettext("load_checkpoint returned a model with model.training = True: dropout would stay on."),
+                              fix=gettext("call model.eval() on the restored model before returning it")))
     ids = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(22))
     with torch.no_grad():
         if not torch.equal(restored.eval()(ids), model(ids)):
             findings.append(
-                found(Pitfall.GENERAL, "the restored model gives different outputs",
-                      "in eval mode its logits differ from the saved model's.",
-                      fix="save model.state_dict() and load it with strict=True", fix_zh="保存 model.state_dict()，并用 strict=True 加载")
+                found(Pitfall.GENERAL, gettext("the restored model gives different outputs"),
+                      gettext("in eval mode its logits differ from the saved model's."),
+                      fix=gettext("save model.state_dict() and load it with strict=True"))
             )
     missing = sorted({"config", "model", "optimizer", "scheduler", "step"} - set(raw if isinstance(raw, dict) else ()))
     if missing:
-        findings.append(found(Pitfall.GENERAL, "the checkpoint is incomplete", f"it lacks {missing}.",
-                              fix="pass the optimizer, the scheduler and step= to tinytf.save_checkpoint",
-                              fix_zh="把优化器、调度器和 step= 一起传给 tinytf.save_checkpoint"))
+        findings.append(found(Pitfall.GENERAL, gettext("the checkpoint is incomplete"),
+                              gettext("it lacks {missing}.").format(missing=missing),
+                              fix=gettext("pass the optimizer, the scheduler and step= to tinytf.save_checkpoint")))
     elif raw["step"] != 3:
-        findings.append(found(Pitfall.GENERAL, "the checkpoint stores the wrong step", f"saved with step=3, it stores {raw['step']!r}.",
-                              fix="store the step it was given", fix_zh="保存传入的那个 step"))
+        findings.append(found(Pitfall.GENERAL, gettext("the checkpoint stores the wrong step"),
+                              gettext("saved with step=3, it stores {raw!r}.").format(raw=raw['step']),
+                              fix=gettext("store the step it was given")))
     return findings
 
 
@@ -310,14 +311,13 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
         (("save_checkpoint", "load_checkpoint"), "ex08_ckpt", lambda *_: _diagnose_ckpt(namespace)),
     ])
     if not callable(namespace.get("train")):
-        findings.append(Finding(Pitfall.GENERAL, "train is missing", "the notebook defines no train(...).",
-                                fix="define train(...) in the notebook (keep its name and signature) and run its cell",
-                                fix_zh="在 notebook 中定义 train(...)（保留它的名字和签名），并运行该单元"))
+        findings.append(Finding(Pitfall.GENERAL, _("train is missing"), _("the notebook defines no train(...)."),
+                                fix=_("define train(...) in the notebook (keep its name and signature) and run its cell")))
         covered.add("ex08_train")
     judged = judge_findings(namespace, PROBES, covered=covered)
     wrong = earlier_parts_wrong(namespace) if "ex08_train" not in covered else []
     if wrong:  # the graded cell retrains on tinytf's versions: so does the probe (ex08_probes._probe_train)
         names = ", ".join(f"`{name}`" for name in wrong)
-        judged = with_cause(judged, "ex08_train", f"train was judged with tinytf's {names}, because yours above "
-                                                  f"{'is' if len(wrong) == 1 else 'are'} wrong; this is train's own mistake")
+        judged = with_cause(judged, "ex08_train", _("train was judged with tinytf's {names}, because yours above {value} wrong; this is "
+                                                    "train's own mistake").format(names=names, value='is' if len(wrong) == 1 else 'are'))
     return findings + judged

@@ -16,6 +16,7 @@ import torch
 
 from tinytf.checks import Finding
 
+from ...translation import _
 from ..judges import judge
 from . import Probe, judge_findings, stub_or, swapped
 from .ex05 import named_findings
@@ -50,20 +51,21 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 
 @judge("ex09_update")
 def _judge_update(value: Any, scores: torch.Tensor, v: torch.Tensor, block_k: int) -> None:
-    has_keys(value, ("m", "l", "acc"), "online_softmax_update's final (m, l, acc)")
+    has_keys(value, ("m", "l", "acc"), _("online_softmax_update's final (m, l, acc)"))
     scores, v = float_inputs(scores, v)
     m, l, acc = reference_fold(scores, v, int(block_k))
     given = shapes(scores=scores, v=v, block_k=int(block_k))
-    got_m = tensor(value["m"], m.shape, "the running maximum m", dtype=None)
-    assert got_m.is_floating_point() and not bool(torch.isnan(got_m).any()), f"the running maximum m holds NaN (for {given})"
+    got_m = tensor(value["m"], m.shape, _("the running maximum m"), dtype=None)
+    assert got_m.is_floating_point() and not bool(torch.isnan(got_m).any()), _("the running maximum m holds NaN (for {given})").format(
+        given=given)
     assert torch.equal(got_m == NEG_INF, m == NEG_INF), (
-        f"the running maximum m must stay -inf exactly for the rows that have seen only masked scores (for {given})")
+        _("the running maximum m must stay -inf exactly for the rows that have seen only masked scores (for {given})").format(given=given))
     seen = m != NEG_INF
-    close(got_m.float()[seen], m[seen], "the running maximum m", given=given, reference="the maximum of the scores seen so far")
-    close(tensor(value["l"], l.shape, "the running sum l"), l, "the running sum l", given=given, atol=1e-4,
-          reference="Σ exp(scores - m) over the tiles, rescaled by exp(m - m_new) at every tile")
-    close(tensor(value["acc"], acc.shape, "the accumulator acc"), acc, "the accumulator acc", given=given, atol=1e-4,
-          reference="Σ exp(scores - m) @ v over the tiles, rescaled by exp(m - m_new) at every tile")
+    close(got_m.float()[seen], m[seen], _("the running maximum m"), given=given, reference=_("the maximum of the scores seen so far"))
+    close(tensor(value["l"], l.shape, _("the running sum l")), l, _("the running sum l"), given=given, atol=1e-4,
+          reference=_("Σ exp(scores - m) over the tiles, rescaled by exp(m - m_new) at every tile"))
+    close(tensor(value["acc"], acc.shape, _("the accumulator acc")), acc, _("the accumulator acc"), given=given, atol=1e-4,
+          reference=_("Σ exp(scores - m) @ v over the tiles, rescaled by exp(m - m_new) at every tile"))
 
 
 @judge("ex09_tiled")
@@ -71,13 +73,14 @@ def _judge_tiled(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                  padding: torch.Tensor, empty_rows: torch.Tensor, block_q: int, block_k: int) -> None:
     has_keys(value, ("plain", "rising", "padding", "empty_rows"))
     q, k, v, q_rising, k_rising = float_inputs(q, k, v, q_rising, k_rising)
-    assert q.size(-2) != k.size(-2) and k.size(-2) % int(block_k), "the hidden test uses Tq != Tk, Tk not a multiple of block_k"
+    assert q.size(-2) != k.size(-2) and k.size(-2) % int(block_k), _("the hidden test uses Tq != Tk, Tk not a multiple of block_k")
     cases = {"plain": (q, k, None), "rising": (q_rising, k_rising, None), "padding": (q, k, padding), "empty_rows": (q, k, empty_rows)}
     for key, (qq, kk, mask) in cases.items():
         expected = _attention(qq, kk, v, mask)
         what = f"tiled_forward ({key.replace('_', ' ')})"
-        close(tensor(value[key], expected.shape, what), expected, what, atol=1e-4, reference="softmax(q kᵀ / sqrt(d)) v",
-              given=shapes(q=qq, k=kk, mask=mask) + f", block_q={int(block_q)}, block_k={int(block_k)}")
+        close(tensor(value[key], expected.shape, what), expected, what, atol=1e-4, reference=_("softmax(q kᵀ / sqrt(d)) v"),
+              given=shapes(q=qq, k=kk, mask=mask) + _(", block_q={block_q}, block_k={block_k}").format(block_q=int(block_q),
+                  block_k=int(block_k)))
 
 
 @judge("ex09_memory")
@@ -87,16 +90,18 @@ def _judge_memory(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     has_keys(value, ("peak_bytes", "out"))
     q, k, v = float_inputs(q, k, v)
     expected = _attention(q, k, v)
-    close(tensor(value["out"], expected.shape, "tiled_forward's output"), expected, "tiled_forward's output", atol=1e-4,
-          given=shapes(q=q, k=k) + f", blocks {int(block)}", reference="softmax(q kᵀ / sqrt(d)) v")
+    close(tensor(value["out"], expected.shape, _("tiled_forward's output")), expected, _("tiled_forward's output"), atol=1e-4,
+          given=shapes(q=q, k=k) + _(", blocks {block}").format(block=int(block)), reference=_("softmax(q kᵀ / sqrt(d)) v"))
     peak = value["peak_bytes"]
-    assert isinstance(peak, int) and not isinstance(peak, bool) and peak > 0, f"the measured peak must be a positive int, got {peak!r}"
+    assert isinstance(peak, int) and not isinstance(peak, bool) and peak > 0, (
+        _("the measured peak must be a positive int, got {peak!r}").format(peak=peak))
     b, h, t = q.size(0), q.size(1), q.size(-2)
     scores = attention_matrix_bytes(b, h, t, torch.float32)
     assert peak < scores / MEMORY_FRACTION, (
-        f"tiled_forward's measured peak is {peak} bytes for q, k, v {list(q.shape)} with {int(block)} × {int(block)} tiles: "
-        f"{peak / scores:.2f}× one [B, H, T, T] float32 score matrix ({scores} bytes). A tiled forward holds one tile "
-        f"({b * h * int(block) ** 2 * 4} bytes) of scores at a time: compute q_i @ k_jᵀ per tile, never q @ kᵀ.")
+        _("tiled_forward's measured peak is {peak} bytes for q, k, v {q_shape} with {block} × {block} tiles: {value:.2f}× one [B, H, T, "
+          "T] float32 score matrix ({scores} bytes). A tiled forward holds one tile ({value2} bytes) of scores at a time: compute q_i @ "
+          "k_jᵀ per tile, never q @ kᵀ.").format(peak=peak, q_shape=list(q.shape), block=int(block), value=peak / scores, scores=scores,
+              value2=b * h * int(block) ** 2 * 4))
 
 
 @judge("ex09_causal")
@@ -107,16 +112,17 @@ def _judge_causal(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     has_keys(value, ("square", "longer"))
     q, k, v, k_long, v_long = float_inputs(q, k, v, k_long, v_long)
     for key, (kk, vv) in (("square", (k, v)), ("longer", (k_long, v_long))):
-        got = has_keys(value[key], ("out", "computed"), f"causal_tiled_forward's result ({key})")
+        got = has_keys(value[key], ("out", "computed"), _("causal_tiled_forward's result ({key})").format(key=key))
         expected = _attention(q, kk, vv, is_causal=True)
-        given = shapes(q=q, k=kk) + f", block_q={int(block_q)}, block_k={int(block_k)}"
+        given = shapes(q=q, k=kk) + _(", block_q={block_q}, block_k={block_k}").format(block_q=int(block_q), block_k=int(block_k))
         close(tensor(got["out"], expected.shape, f"causal_tiled_forward ({key})"), expected, f"causal_tiled_forward ({key})",
               atol=1e-4, given=given, reference="tinytf.scaled_dot_product_attention(q, k, v, is_causal=True)")
         tq, tk, bq, bk = q.size(-2), kk.size(-2), int(block_q), int(block_k)
         want, total = tile_count(tq, tk, bq, bk), -(-tq // bq) * -(-tk // bk)
         assert got["computed"] == want, (
-            f"causal_tiled_forward ({key}) computed {got['computed']!r} tiles for {given}; {want} of the {total} tiles hold a key "
-            "some query may see, the others lie wholly in the future and are skipped" + how_off(got["computed"], want, step=("tile", 1)))
+            _("causal_tiled_forward ({key}) computed {got!r} tiles for {given}; {want} of the {total} tiles hold a key some query may "
+              "see, the others lie wholly in the future and are skipped").format(key=key, got=got['computed'], given=given, want=want,
+                  total=total) + how_off(got["computed"], want, step=(_("tile"), 1)))
 
 
 # ---- probes: the judges' inputs, drawn afresh (by the hidden tests and by the self-check) ---------

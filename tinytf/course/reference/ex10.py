@@ -17,6 +17,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
+from ...translation import N_, _
 from ..judges import judge
 from . import Probe, call_student, judge_findings, stub_or, swapped
 from .ex05 import named_findings
@@ -52,9 +53,10 @@ def _judge_expand(value: Any, kv: torch.Tensor, heads: int) -> None:
     out = tensor(value, expected.shape, "expand_kv(kv, heads)")
     groups = heads // kv.size(1)
     assert not torch.equal(out, kv.repeat(1, groups, 1, 1)), (
-        f"expand_kv tiles the K/V heads (k0 k1 k0 k1, what kv.repeat gives) for {shapes(kv=kv, heads=heads)}: query head h "
-        f"must get K/V head h // {groups}, not h % {kv.size(1)} — {Pitfall.KV_GROUPING.label()}. Use "
-        f"kv.repeat_interleave({groups}, dim=1).")
+        _("expand_kv tiles the K/V heads (k0 k1 k0 k1, what kv.repeat gives) for {shapes}: query head h must get K/V head h // {groups}, "
+          "not h % {kv_size} — {Pitfall_KV_GROUPING_label}. Use kv.repeat_interleave({groups}, dim=1).").format(
+              shapes=shapes(kv=kv, heads=heads), groups=groups, kv_size=kv.size(1),
+              Pitfall_KV_GROUPING_label=Pitfall.KV_GROUPING.label()))
     close(out, expected, "expand_kv(kv, heads)", given=shapes(kv=kv, heads=heads), atol=0.0, rtol=0.0,
           reference="kv.repeat_interleave(heads // kv_heads, dim=1)")
 
@@ -67,7 +69,7 @@ def _judge_grouped(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     has_keys(value, ("plain", "masked", "multi_query", "raised"))
     q, k, v, k_one, v_one = float_inputs(q, k, v, k_one, v_one)
     mask = bool_mask(mask)
-    assert 1 < k.size(1) < q.size(1), "the hidden test uses 1 < kv_heads < heads, where the head order matters"
+    assert 1 < k.size(1) < q.size(1), _("the hidden test uses 1 < kv_heads < heads, where the head order matters")
     cases = {"plain": (k, v, None), "masked": (k, v, mask), "multi_query": (k_one, v_one, None)}
     for key, (kk, vv, m) in cases.items():
         expected = F.scaled_dot_product_attention(q, kk, vv, attn_mask=m, enable_gqa=True)
@@ -75,47 +77,57 @@ def _judge_grouped(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         close(tensor(value[key], expected.shape, what), expected, what, atol=1e-5, given=shapes(q=q, k=kk, mask=m),
               reference="F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)")
     assert value["raised"] == "ValueError", (
-        f"grouped_attention with heads={q.size(1)} and kv_heads={int(bad_kv_heads)} (which does not divide it) must raise a "
-        f"ValueError that names both counts; it {'returned' if value['raised'] == 'nothing' else 'raised ' + str(value['raised'])}")
+        _("grouped_attention with heads={q_size} and kv_heads={bad_kv_heads} (which does not divide it) must raise a ValueError that "
+          "names both counts; it {value}").format(q_size=q.size(1), bad_kv_heads=int(bad_kv_heads),
+              value='returned' if value['raised'] == 'nothing' else 'raised ' + str(value['raised'])))
 
 
 @judge("ex10_cache")
 def _judge_cache(value: Any, args: list) -> None:
-    assert isinstance(value, list) and len(value) == len(args), f"cache_bytes: expected {len(args)} answers, got {value!r}"
+    assert isinstance(value, list) and len(value) == len(args), _("cache_bytes: expected {n_args} answers, got {value!r}").format(
+        n_args=len(args), value=value)
     for got, a in zip(value, args):
         batch, layers, kv_heads, head_dim, tokens, dtype_bytes, window = a
         want = reference_cache_bytes(*a)
         call = (f"cache_bytes(batch={batch}, layers={layers}, kv_heads={kv_heads}, head_dim={head_dim}, tokens={tokens}, "
                 f"dtype_bytes={dtype_bytes}, window={window})")
-        assert isinstance(got, int) and not isinstance(got, bool), f"{call} must return an int number of bytes, got {got!r}"
+        assert isinstance(got, int) and not isinstance(got, bool), _("{call} must return an int number of bytes, got {got!r}").format(
+            call=call, got=got)
         kept = tokens if window is None else min(tokens, window)
-        suspects = {f"dtype_bytes={dtype_bytes} looks ignored (2 bytes per number assumed)": 2 / dtype_bytes,
-                    f"dtype_bytes={dtype_bytes} looks ignored (1 byte per number assumed)": 1 / dtype_bytes,
-                    "only the keys (or only the values) are counted: the formula starts with 2 ·": 0.5,
-                    f"layers={layers} looks ignored": 1 / layers, f"batch={batch} looks ignored": 1 / batch,
-                    f"kv_heads={kv_heads} looks ignored": 1 / kv_heads, f"head_dim={head_dim} looks ignored": 1 / head_dim,
-                    f"the window looks ignored: {tokens} tokens counted, not min(tokens, window) = {kept}": tokens / kept}
+        suspects = {_("dtype_bytes={dtype_bytes} looks ignored (2 bytes per number assumed)").format(dtype_bytes=dtype_bytes):
+                    2 / dtype_bytes,
+                    _("dtype_bytes={dtype_bytes} looks ignored (1 byte per number assumed)").format(dtype_bytes=dtype_bytes):
+                    1 / dtype_bytes,
+                    _("only the keys (or only the values) are counted: the formula starts with 2 ·"): 0.5,
+                    _("layers={layers} looks ignored").format(layers=layers): 1 / layers,
+                    _("batch={batch} looks ignored").format(batch=batch): 1 / batch,
+                    _("kv_heads={kv_heads} looks ignored").format(kv_heads=kv_heads): 1 / kv_heads,
+                    _("head_dim={head_dim} looks ignored").format(head_dim=head_dim): 1 / head_dim,
+                    _("the window looks ignored: {tokens} tokens counted, not min(tokens, window) = {kept}")
+                    .format(tokens=tokens, kept=kept): tokens / kept}
         one_token = 2 * layers * batch * kv_heads * head_dim * dtype_bytes
-        assert got == want, (f"{call} = {got}, should be {want} = 2 (keys and values) · layers · batch · kv_heads · "
-                             f"min(tokens, window) · head_dim · dtype_bytes"
-                             + how_off(got, want, suspects=suspects, step=("token", one_token)))
+        assert got == want, (_("{call} = {got}, should be {want} = 2 (keys and values) · layers · batch · kv_heads · min(tokens, window) "
+                               "· head_dim · dtype_bytes").format(call=call, got=got, want=want)
+                             + how_off(got, want, suspects=suspects, step=(_("token"), one_token)))
 
 
 @judge("ex10_window")
 def _judge_window(value: Any, sizes: list) -> None:
     from tinytf import causal_mask
 
-    assert isinstance(value, list) and len(value) == len(sizes), f"sliding_window_mask: expected {len(sizes)} masks"
+    assert isinstance(value, list) and len(value) == len(sizes), _("sliding_window_mask: expected {n_sizes} masks").format(
+        n_sizes=len(sizes))
     for got, (t_q, t_k, window) in zip(value, sizes):
         want = causal_mask(t_q, t_k, window=window)
         call = f"sliding_window_mask({t_q}, {t_k}, {window})"
         got = tensor(got, want.shape, call, dtype=torch.bool)
         seen, should = got.sum(-1).tolist(), want.sum(-1).tolist()
         off_by_one = all(abs(a - b) <= 1 for a, b in zip(seen, should)) and not (got & ~causal_mask(t_q, t_k)).any()
-        hint = f" — {Pitfall.WINDOW_OFF_BY_ONE.label()}: the window counts the query itself" if off_by_one else ""
+        hint = _(" — {Pitfall_WINDOW_OFF_BY_ONE_label}: the window counts the query itself").format(
+            Pitfall_WINDOW_OFF_BY_ONE_label=Pitfall.WINDOW_OFF_BY_ONE.label()) if off_by_one else ""
         assert torch.equal(got, want), (
-            f"{call}: the queries see {seen} keys, should see {should} (the query at position p = t_k - t_q + i sees keys "
-            f"p - window + 1 … p){hint}")
+            _("{call}: the queries see {seen} keys, should see {should} (the query at position p = t_k - t_q + i sees keys p - window + "
+              "1 … p){hint}").format(call=call, seen=seen, should=should, hint=hint))
 
 
 # ---- probes: the judges' inputs, drawn afresh (by the hidden tests and by the self-check) ---------
@@ -184,19 +196,19 @@ PROBES: dict[str, Probe] = {"ex10_expand": _probe_expand, "ex10_grouped": _probe
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 _CACHE_ARGS = ((2, 4, 2, 16, 100, 2, None), (1, 3, 4, 8, 64, 4, 16), (3, 2, 1, 32, 10, 2, 50))
-_CACHE_MISTAKES = (  # (what it computes, pitfall, title, evidence, fix, fix_zh)
-    (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, s, w) // 2, Pitfall.KV_CACHE, "only the keys are counted",
-     "cache_bytes is half the right size: the cache holds keys and values.",
-     "count keys and values: start the formula with 2 ·", "键和值都要算：公式以 2 · 开头"),
-    (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, s), Pitfall.GENERAL, "the window does not cap the cache",
-     "with a window shorter than the sequence a rolling cache keeps only min(tokens, window) tokens per layer.",
-     "count min(tokens, window) tokens when a window is given", "给定窗口时按 min(tokens, window) 个 token 计算"),
+_CACHE_MISTAKES = (  # (what it computes, pitfall, title, evidence, fix)
+    (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, s, w) // 2, Pitfall.KV_CACHE, N_("only the keys are counted"),
+     N_("cache_bytes is half the right size: the cache holds keys and values."),
+     N_("count keys and values: start the formula with 2 ·")),
+    (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, s), Pitfall.GENERAL, N_("the window does not cap the cache"),
+     N_("with a window shorter than the sequence a rolling cache keeps only min(tokens, window) tokens per layer."),
+     N_("count min(tokens, window) tokens when a window is given")),
     (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t if w is None else w, s), Pitfall.GENERAL,
-     "the window is used even when the sequence is shorter", "a cache never holds more tokens than were written.",
-     "count min(tokens, window) tokens, not window", "按 min(tokens, window) 个 token 计算，而不是 window"),
-    (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, 2, w), Pitfall.GENERAL, "dtype_bytes is ignored",
-     "exactly half for a 4-byte dtype (and right for 2 bytes): dtype_bytes=4 looks ignored.",
-     "multiply by dtype_bytes instead of a fixed 2", "乘以 dtype_bytes，而不是固定的 2"),
+     N_("the window is used even when the sequence is shorter"), N_("a cache never holds more tokens than were written."),
+     N_("count min(tokens, window) tokens, not window")),
+    (lambda b, n, g, d, t, s, w: reference_cache_bytes(b, n, g, d, t, 2, w), Pitfall.GENERAL, N_("dtype_bytes is ignored"),
+     N_("exactly half for a 4-byte dtype (and right for 2 bytes): dtype_bytes=4 looks ignored."),
+     N_("multiply by dtype_bytes instead of a fixed 2")),
 )
 
 
@@ -209,11 +221,12 @@ def _diagnose_cache(fn: Any) -> list[Finding]:
         got.append(out)
     if got == [reference_cache_bytes(*a) for a in _CACHE_ARGS]:
         return []
-    for wrong, pitfall, title, why, fix, fix_zh in _CACHE_MISTAKES:
+    for wrong, pitfall, title, why, fix in _CACHE_MISTAKES:
         if all(g == wrong(*a) for g, a in zip(got, _CACHE_ARGS)):
             shown = next((i for i, a in enumerate(_CACHE_ARGS) if got[i] != reference_cache_bytes(*a)), 0)
-            return [found(pitfall, title, f"{why} cache_bytes{_CACHE_ARGS[shown]} gave {got[shown]}, should be "
-                                         f"{reference_cache_bytes(*_CACHE_ARGS[shown])}.", fix=fix, fix_zh=fix_zh)]
+            return [found(pitfall, _(title), _("{why} cache_bytes{args} gave {got}, should be {right}.").format(
+                why=_(why), args=_CACHE_ARGS[shown], got=got[shown], right=reference_cache_bytes(*_CACHE_ARGS[shown])),
+                fix=_(fix))]
     return []  # an unnamed mistake: the judge's message says what differs
 
 

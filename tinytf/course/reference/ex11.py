@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from tinytf.checks import Finding, Pitfall
 
+from ...translation import _
 from ..judges import judge
 from . import Probe, call_student, judge_findings, stub_or
 from .ex05 import named_findings
@@ -56,9 +57,11 @@ def reference_merge_block(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, q
 
 
 def _per_world(value: Any, what: str) -> dict[str, list]:
-    assert isinstance(value, dict) and all(f"P{p}" in value for p in WORLDS), f"{what}: expected results for P = {WORLDS}"
+    assert isinstance(value, dict) and all(f"P{p}" in value for p in WORLDS), _("{what}: expected results for P = {WORLDS}").format(
+        what=what, WORLDS=WORLDS)
     for p in WORLDS:
-        assert isinstance(value[f"P{p}"], list) and len(value[f"P{p}"]) == p, f"{what}: expected {p} ranks' results for P = {p}"
+        assert isinstance(value[f"P{p}"], list) and len(value[f"P{p}"]) == p, _("{what}: expected {p} ranks' results for P = {p}").format(
+            what=what, p=p)
     return value
 
 
@@ -83,12 +86,14 @@ def _judge_split(value: Any, weight: torch.Tensor, heads: int, kv_heads: int) ->
             call = f"split_qkv(weight {list(weight.shape)}, rank={r}, world={p}, heads={heads}, kv_heads={kv_heads})"
             got = tensor(got, want.shape, call)
             if torch.equal(got, weight.chunk(p)[r]) and not torch.equal(got, want):
-                raise AssertionError(f"{call} is rows {r * weight.size(0) // p}…{(r + 1) * weight.size(0) // p - 1} of the fused "
-                                     f"[W_q; W_k; W_v] — {Pitfall.QKV_SPLIT_ONE_PIECE.label()}: take rank {r}'s heads from each "
-                                     "of W_q, W_k and W_v")
-            assert torch.equal(got, want), (f"{call} is not rank {r}'s rows: the W_q rows of heads {r * heads // p}…"
-                                            f"{(r + 1) * heads // p - 1}, then the W_k and W_v rows of K/V heads "
-                                            f"{r * kv_heads // p}…{(r + 1) * kv_heads // p - 1}")
+                raise AssertionError(_("{call} is rows {value}…{value2} of the fused [W_q; W_k; W_v] — "
+                                       "{Pitfall_QKV_SPLIT_ONE_PIECE_label}: take rank {r}'s heads from each of W_q, W_k and W_v").format(
+                                           call=call, value=r * weight.size(0) // p, value2=(r + 1) * weight.size(0) // p - 1,
+                                           Pitfall_QKV_SPLIT_ONE_PIECE_label=Pitfall.QKV_SPLIT_ONE_PIECE.label(), r=r))
+            assert torch.equal(got, want), (_("{call} is not rank {r}'s rows: the W_q rows of heads {value}…{value2}, then the W_k and "
+                                              "W_v rows of K/V heads {value3}…{value4}").format(call=call, r=r, value=r * heads // p,
+                                                  value2=(r + 1) * heads // p - 1, value3=r * kv_heads // p,
+                                                  value4=(r + 1) * kv_heads // p - 1))
 
 
 @judge("ex11_row")
@@ -99,9 +104,9 @@ def _judge_row(value: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     value = _per_world(value, "row_parallel")
     reference = F.linear(x, weight, bias)
     for p in WORLDS:
-        outs = [tensor(o, reference.shape, f"row_parallel on rank {r} of P={p}") for r, o in enumerate(value[f"P{p}"])]
-        _named(diagnose_row_parallel(outs, reference, bias), f"row_parallel on P={p} ranks (x {list(x.shape)}, "
-               f"weight {list(weight.shape)})")
+        outs = [tensor(o, reference.shape, _("row_parallel on rank {r} of P={p}").format(r=r, p=p)) for r, o in enumerate(value[f"P{p}"])]
+        _named(diagnose_row_parallel(outs, reference, bias), _("row_parallel on P={p} ranks (x {x_shape}, weight {weight_shape})").format(
+            p=p, x_shape=list(x.shape), weight_shape=list(weight.shape)))
 
 
 @judge("ex11_ring")
@@ -113,9 +118,10 @@ def _judge_ring(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
     value = _per_world(value, "merge_block")
     for p in WORLDS:
         n = q.size(-2) // p
-        outs = [tensor(o, (*q.shape[:-2], n, v.size(-1)), f"ring attention on rank {r} of P={p}") for r, o in enumerate(value[f"P{p}"])]
+        outs = [tensor(o, (*q.shape[:-2], n, v.size(-1)), _("ring attention on rank {r} of P={p}").format(r=r, p=p))
+                for r, o in enumerate(value[f"P{p}"])]
         _named(diagnose_ring_attention(outs, q, k, v, contiguous_layout(q.size(-2), p)),
-               f"causal ring attention with your merge_block on P={p} ranks (q {list(q.shape)})")
+               _("causal ring attention with your merge_block on P={p} ranks (q {q_shape})").format(p=p, q_shape=list(q.shape)))
 
 
 # ---- probes: the judges' inputs, drawn afresh (by the hidden tests and by the self-check) ---------

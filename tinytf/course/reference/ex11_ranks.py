@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...translation import _
+
 __all__ = ["ship", "unship", "ThreadComm", "on_threads", "on_processes", "JOBS",
            "attention_job", "row_job", "ring_job", "reference_attention"]
 
@@ -51,7 +53,7 @@ def _names(code: types.CodeType) -> set[str]:
 def ship(fn: Callable[..., Any], _seen: frozenset = frozenset()) -> dict[str, Any]:
     """A picklable description of the plain function ``fn`` (its code and the globals it names)."""
     if not isinstance(fn, types.FunctionType) or fn.__closure__:
-        raise ValueError(f"{fn!r}: define it with `def` at the top level of the notebook (no closure, not a class)")
+        raise ValueError(_("{fn!r}: define it with `def` at the top level of the notebook (no closure, not a class)").format(fn=fn))
     env: dict[str, tuple[str, Any]] = {}
     for name in sorted(_names(fn.__code__) - set(_seen)):
         if name not in fn.__globals__:
@@ -137,8 +139,9 @@ def attention_job(rank: int, world: int, comm: Any, split: Callable, x: Tensor, 
     d = w_qkv.size(0) // (heads + 2 * kv_heads)
     w, b = split(w_qkv.clone(), rank, world, heads, kv_heads), split(b_qkv.clone(), rank, world, heads, kv_heads)
     if not isinstance(w, Tensor) or w.shape != (w_qkv.size(0) // world, w_qkv.size(1)):
-        raise ValueError(f"split_qkv(weight {list(w_qkv.shape)}, rank={rank}, world={world}) must return "
-                         f"[{w_qkv.size(0) // world}, {w_qkv.size(1)}], got {getattr(w, 'shape', type(w).__name__)}")
+        raise ValueError(_("split_qkv(weight {w_qkv_shape}, rank={rank}, world={world}) must return [{value}, {w_qkv_size}], got "
+                           "{getattr}").format(w_qkv_shape=list(w_qkv.shape), rank=rank, world=world, value=w_qkv.size(0) // world,
+                               w_qkv_size=w_qkv.size(1), getattr=getattr(w, 'shape', type(w).__name__)))
     out = local_attention(F.linear(x, w, b), d, heads // world, kv_heads // world, heads // kv_heads, None, True, None)
     y = F.linear(out, shard_cols(w_proj, rank, world))
     return comm.all_reduce(y) + b_proj
@@ -200,7 +203,8 @@ def on_threads(job: str, fn: Callable[..., Any], world: int, *args: Any, timeout
     if errors:
         raise errors[0]
     if any(r is None for r in results):
-        raise TimeoutError(f"the {world} simulated ranks of {job} did not finish (a rank waits for a collective the others skip)")
+        raise TimeoutError(_("the {world} simulated ranks of {job} did not finish (a rank waits for a collective the others skip)").format(
+            world=world, job=job))
     return results
 
 
@@ -252,6 +256,7 @@ def on_processes(job: str, fn: Callable[..., Any], world: int, *args: Any, timeo
         got = run_processes(_rank_main, world, job, payload, args, timeout_s=timeout_s)
         for r, res in enumerate(got):
             if res[0] == "error":
-                raise _ERRORS.get(res[1], RuntimeError)(f"on rank {r} of {world} processes: {res[1]}: {res[2]}")
+                raise _ERRORS.get(res[1], RuntimeError)(_("on rank {r} of {world} processes: {res}: {res2}").format(r=r, world=world,
+                    res=res[1], res2=res[2]))
         _CACHE[key] = [res[1] for res in got]
     return [t.clone() for t in _CACHE[key]]

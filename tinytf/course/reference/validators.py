@@ -20,6 +20,8 @@ import torch
 
 from tinytf.checks.findings import relation, shape_relation, tensor_relation
 
+from ...translation import N_, _
+
 __all__ = ["FLOATING", "tensor", "close", "float_inputs", "bool_mask", "number", "positive", "seconds", "has_keys", "shape_of", "differs",
            "should_be", "shapes", "how_off"]
 
@@ -34,28 +36,32 @@ def tensor(value: Any, shape: Sequence[int] | None, what: str, *,
     ``dtype=FLOATING`` (default): floating point with finite values, returned as float32;
     a ``torch.dtype``: exactly that dtype; ``None``: any dtype. Other values are returned unchanged.
     """
-    assert isinstance(value, torch.Tensor), f"{what} must be a tensor, got {type(value).__name__}"
+    assert isinstance(value, torch.Tensor), _("{what} must be a tensor, got {type}").format(what=what, type=type(value).__name__)
     if shape is not None:
-        assert tuple(value.shape) == tuple(shape), f"{what} has shape {list(value.shape)}, expected {list(shape)}{_off(value.shape, shape)}"
+        assert tuple(value.shape) == tuple(shape), _("{what} has shape {value_shape}, expected {shape}").format(what=what,
+            value_shape=list(value.shape), shape=list(shape)) + _off(value.shape, shape)
     if isinstance(dtype, str):  # FLOATING
-        assert value.is_floating_point(), f"{what} must be a floating-point tensor, got {value.dtype}"
-        assert bool(torch.isfinite(value).all()), f"{what} contains inf or NaN"
+        assert value.is_floating_point(), _("{what} must be a floating-point tensor, got {value_dtype}").format(what=what,
+            value_dtype=value.dtype)
+        assert bool(torch.isfinite(value).all()), _("{what} contains inf or NaN").format(what=what)
         return value.float()
     if dtype is not None:
-        assert value.dtype == dtype, f"{what} must have dtype {dtype}, got {value.dtype}"
+        assert value.dtype == dtype, _("{what} must have dtype {dtype}, got {value_dtype}").format(what=what, dtype=dtype,
+            value_dtype=value.dtype)
     return value
 
 
 def close(value: torch.Tensor, expected: torch.Tensor, what: str, *, given: str = "", atol: float = 1e-5, rtol: float = 1e-4,
-          reference: str = "the reference", suspects: dict[str, float] | None = None) -> None:
+          reference: str = N_("the reference"), suspects: dict[str, float] | None = None) -> None:
     """``value`` has the shape of ``expected`` and agrees with it (compared in float32): otherwise
     "``what`` differs from ``reference``: for ``given`` (the input shapes) it should be … starting […]; yours is …",
-    and, when ``value`` is ``expected`` times a clean number, which (``suspects``: ``{meaning: ratio}``)."""
-    assert tuple(value.shape) == tuple(expected.shape), (
-        f"{what} has shape {list(value.shape)}, expected {list(expected.shape)}{_off(value.shape, expected.shape)}")
+    and, when ``value`` is ``expected`` times a clean number, which (``suspects``: ``{meaning (translated): ratio}``)."""
+    assert tuple(value.shape) == tuple(expected.shape), _("{what} has shape {value_shape}, expected {expected_shape}").format(what=what,
+        value_shape=list(value.shape), expected_shape=list(expected.shape)) + _off(value.shape, expected.shape)
     if not torch.allclose(value.float(), expected.float(), atol=atol, rtol=rtol):
         how = tensor_relation(value, expected, suspects=suspects)
-        raise AssertionError(f"{what} differs from {reference}: {should_be(value, expected, given)}" + (f" — {how}" if how else ""))
+        raise AssertionError(_("{what} differs from {reference}: {should_be}").format(what=what, reference=_(reference),
+                             should_be=should_be(value, expected, given)) + (f" — {how}" if how else ""))
 
 
 def _off(got: Sequence[int], want: Sequence[int]) -> str:
@@ -65,22 +71,23 @@ def _off(got: Sequence[int], want: Sequence[int]) -> str:
 
 def how_off(got: Any, want: float, *, suspects: dict[str, float] | None = None, step: tuple[str, float] | None = None) -> str:
     """For a message about a wrong number: " — exactly half the right value: dtype_bytes=4 looks ignored" when
-    ``got`` is a clean ratio or one ``step`` off ``want`` (:func:`tinytf.checks.findings.relation`), else ``""``."""
+    ``got`` is a clean ratio or one ``step`` off ``want`` (:func:`tinytf.checks.findings.relation`; ``suspects``' meanings
+    and ``step``'s name translated by the caller), else ``""``."""
     if isinstance(got, bool) or not isinstance(got, (int, float)):
         return ""
     how = relation(got, want, suspects=suspects, step=step)
     return f" — {how}" if how else ""
 
 
-def float_inputs(*xs: Any, what: str = "the recorded inputs") -> list[torch.Tensor]:
+def float_inputs(*xs: Any, what: str = N_("the recorded inputs")) -> list[torch.Tensor]:
     """The recorded input tensors ``xs`` as float32 (a record a student tampered with is rejected)."""
-    assert all(isinstance(x, torch.Tensor) and x.is_floating_point() for x in xs), f"{what} are not float tensors"
+    assert all(isinstance(x, torch.Tensor) and x.is_floating_point() for x in xs), _("{what} are not float tensors").format(what=_(what))
     return [x.float() for x in xs]
 
 
-def bool_mask(mask: Any, what: str = "the recorded mask") -> torch.Tensor:
+def bool_mask(mask: Any, what: str = N_("the recorded mask")) -> torch.Tensor:
     """The recorded ``mask`` is a bool tensor (True = may attend)."""
-    assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, f"{what} is not a bool tensor"
+    assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool, _("{what} is not a bool tensor").format(what=_(what))
     return mask
 
 
@@ -89,11 +96,13 @@ def number(value: Any, what: str, *, positive: bool = False, unit: str = "") -> 
 
     ``unit`` (e.g. ``"seconds"``) is named in the messages.
     """
-    of = f" of {unit}" if unit else ""
-    assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{what} must be a number{of}, got {type(value).__name__}"
+    of = _(" of {unit}").format(unit=_(unit)) if unit else ""
+    assert isinstance(value, (int, float)) and not isinstance(value, bool), _("{what} must be a number{of}, got {type}").format(
+        what=what, of=of, type=type(value).__name__)
     in_range = value > 0 if positive else value >= 0
-    sign = "positive" if positive else "non-negative"
-    assert math.isfinite(value) and in_range, f"{what} must be a {sign} finite number{of}, got {value}"
+    sign = _("positive") if positive else _("non-negative")
+    assert math.isfinite(value) and in_range, _("{what} must be a {sign} finite number{of}, got {value}").format(what=what, sign=sign,
+        of=of, value=value)
     return float(value)
 
 
@@ -104,15 +113,15 @@ def positive(value: Any, what: str) -> float:
 
 def seconds(value: Any, what: str) -> float:
     """``value`` is a positive, finite duration in seconds; as a float."""
-    return number(value, what, positive=True, unit="seconds")
+    return number(value, what, positive=True, unit=N_("seconds"))
 
 
-def has_keys(value: Any, keys: Iterable[str], what: str = "the record") -> dict:
+def has_keys(value: Any, keys: Iterable[str], what: str = N_("the record")) -> dict:
     """``value`` is a dict holding at least ``keys``: "the record must hold 'a' and 'b'"."""
     keys = list(keys)
     names = [repr(k) for k in keys]
-    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-    assert isinstance(value, dict) and set(keys) <= set(value), f"{what} must hold {listed}"
+    listed = names[0] if len(names) == 1 else _("{value_join} and {names}").format(value_join=', '.join(names[:-1]), names=names[-1])
+    assert isinstance(value, dict) and set(keys) <= set(value), _("{what} must hold {listed}").format(what=_(what), listed=listed)
     return value
 
 
@@ -128,9 +137,10 @@ def should_be(got: Any, want: torch.Tensor, given: str = "") -> str:
     def head(t: torch.Tensor) -> str:
         return ", ".join(f"{float(x):.4g}" for x in t.detach().reshape(-1)[:4].float()) + (", …" if t.numel() > 4 else "")
 
-    mine = f"{shape_of(got)} starting [{head(got)}]" if isinstance(got, torch.Tensor) else shape_of(got)
-    where = f"for {given} " if given else ""
-    return f"{where}should be {list(want.shape)} starting [{head(want)}]; yours is {mine}"
+    mine = _("{got} starting [{head}]").format(got=shape_of(got), head=head(got)) if isinstance(got, torch.Tensor) else shape_of(got)
+    where = _("for {given} ").format(given=given) if given else ""
+    return _("{where}should be {want_shape} starting [{head}]; yours is {mine}").format(where=where, want_shape=list(want.shape),
+        head=head(want), mine=mine)
 
 
 def shapes(**inputs: Any) -> str:
