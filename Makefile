@@ -75,10 +75,10 @@ lint: $(SETUP) ## ruff on the package, tests and notebooks; import-linter on the
 	$(call timed,lint,$(PYTHON) -m ruff check . && $(LINT_IMPORTS))
 
 unit: $(SETUP) ## unit tests (tests/), the grading and validate runs included
-	$(call timed,unit,$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadgroup --durations=10 -m "not ui and not book" --ignore=tests/ui tests)
+	$(call timed,unit,$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile --durations=10 -m "not ui and not book" --ignore=tests/ui tests)
 
 test-fast: lint $(SETUP) ## the edit-test loop: lint + unit tests without grading runs and notebooks (a few minutes)
-	$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadgroup --durations=5 -m "not ui and not book and not grading and not slow" --ignore=tests/ui tests
+	$(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile --durations=5 -m "not ui and not book and not grading and not slow" --ignore=tests/ui tests
 
 notebooks: $(SETUP) ## execute every chapter and solution (both editions) once into build/executed/; any error fails (the book reuses the copies)
 	@$(call timed,notebooks,$(PYTHON) -m tinytf.course.executed --jobs $(JOBS) --device $(DEVICE) $(NOTEBOOKS) $(SOLUTIONS))

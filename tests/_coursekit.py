@@ -324,8 +324,8 @@ def fresh_release(lang: str = "en") -> Path:
 def once_per_run(tmp_path_factory, name: str, build) -> Path:
     """A folder built once per test run and shared by every xdist worker: ``build(folder)`` fills it.
 
-    A module fixture may be set up more than once in one run (under ``--dist loadgroup`` a worker that
-    runs another file's tests in between tears it down), and two workers may need the same grading run;
+    A module fixture may be set up more than once in one run (a worker that runs another file's tests
+    in between tears it down), and two workers may need the same grading run or corpus;
     the folder lives in the run's shared temporary root (pytest-xdist's documented pattern for
     session-wide work), so the second set-up reads what the first one wrote. A failed build leaves no
     ``.complete`` marker and is built again. Read-only for the tests: copy what you change.

@@ -10,20 +10,19 @@ import torch
 import tinytf
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """CUDA tests skip without a GPU; every test gets an ``xdist_group``: its file, unless it names its own.
+    """CUDA tests skip without a GPU.
 
-    ``make unit`` runs ``--dist loadgroup``: a file's tests stay on one worker (they share module fixtures:
-    a grading run, a release), except the tests that name a group of their own — the corpus's validate
-    runs are grouped per exercise so that both workers share them.
+    ``make unit`` runs ``--dist loadfile``: a file's tests stay on one worker, so a file's module fixtures
+    (a grading run, a release) are set up once. (``--dist loadgroup`` with ``xdist_group`` marks does not
+    group under pytest 9: pytest-xdist 3.8 renames ``item._nodeid``, which pytest 9's ``nodeid`` no longer
+    reads, and the tests of one file were spread over both workers.) The corpus's grading run
+    (test_corpus.py) and its validate runs (test_corpus_validate.py) are two files: one worker each.
     """
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU (none here)")
     for item in items:
         if skip is not None and "cuda" in item.keywords:
             item.add_marker(skip)
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 @pytest.fixture(autouse=True)

@@ -122,7 +122,7 @@ def _bound(tree: ast.Module) -> set[str]:
 
 
 def test_every_exercise_is_here_in_both_editions():
-    for words, folder, _ in FOLDERS:
+    for _words, folder, _ in FOLDERS:
         found = sorted(p.name for p in folder.glob("ex[0-9][0-9]_*.ipynb"))
         assert len(found) == EXPECTED_EXERCISES, f"{_id(folder)}: {len(found)} exercises, expected {EXPECTED_EXERCISES}: {found}"
     assert len(NOTEBOOKS) == 4 * EXPECTED_EXERCISES
@@ -191,7 +191,8 @@ def test_test_cells_show_visible_checks_and_record_hidden_tests_through_the_judg
         asserts = [n for n in ast.walk(code) if isinstance(n, ast.Assert)]
         assert not asserts, f"{_id(path)}: {gid}'s hidden tests assert themselves; let the judge decide (judged_record)"
         calls = re.findall(r'judged_record\("([^"]+)"', hidden[0])
-        assert calls == [gid], f"{_id(path)}: {gid}'s hidden tests must record through its judge once: judged_record({gid!r}, …); found {calls}"
+        assert calls == [gid], (f"{_id(path)}: {gid}'s hidden tests must record through its judge once: "
+                                f"judged_record({gid!r}, …); found {calls}")
 
 
 @pytest.mark.parametrize(("words", "path", "source"), NOTEBOOKS, ids=[_id(p) for _, p, _ in NOTEBOOKS])
@@ -243,4 +244,5 @@ def test_the_readmes_exercise_table_gives_each_exercises_points(readme):
         graded = [c for c in cells if _meta(c).get("grade")]
         got = (sum(_meta(c)["points"] for c in graded if c["cell_type"] == "code"),
                sum(_meta(c)["points"] for c in graded if c["cell_type"] == "markdown"))
-        assert (int(auto), int(written), int(total)) == (*got, sum(got)), f"{readme}: {ex} says {auto} + {written} = {total}, the notebook {got}"
+        assert (int(auto), int(written), int(total)) == (*got, sum(got)), (
+            f"{readme}: {ex} says {auto} + {written} = {total}, the notebook {got}")
