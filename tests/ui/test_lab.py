@@ -170,6 +170,21 @@ def open_and_run_all(page, lab: str, name: str, lang: str = "en") -> None:
 
 
 
+def said(message: str, lang: str) -> str:
+    """What tinytf says for ``message`` in edition ``lang`` (its gettext catalog, as the kernel reads it)."""
+    from tinytf.translation import gettext
+
+    old = os.environ.get("TINYTF_LANG")
+    os.environ["TINYTF_LANG"] = lang
+    try:
+        return gettext(message)
+    finally:
+        if old is None:
+            os.environ.pop("TINYTF_LANG")
+        else:
+            os.environ["TINYTF_LANG"] = old
+
+
 def drive(page, lab: str, lang: str = "en") -> None:
     """Open chapter 01, run all cells, change the explorer's mask, check the heatmap changed; the
     figure of a Chinese sentence renders (no missing glyph); the Chinese edition shows Chinese prose."""
@@ -181,9 +196,10 @@ def drive(page, lab: str, lang: str = "en") -> None:
     before = heatmap.get_attribute("src")
     assert before, "the explorer's figure has no image"
 
-    mask = explorer.locator(".widget-dropdown", has=page.locator("label", has_text="mask")).locator("select")
-    assert mask.input_value() == "none"
-    mask.select_option("causal")
+    # the controls speak the edition's language (tinytf's message catalog): find them by what they say
+    mask = explorer.locator(".widget-dropdown", has=page.locator("label", has_text=said("mask", lang))).locator("select")
+    assert mask.evaluate("s => s.options[s.selectedIndex].text") == said("none", lang)
+    mask.select_option(label=said("causal", lang))
 
     deadline = time.monotonic() + 60
     after = before
