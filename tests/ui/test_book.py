@@ -391,8 +391,9 @@ def test_searching_the_book_finds_the_chapters_that_teach_the_term(switched_and_
 
 
 def test_no_solution_or_hidden_test_reaches_the_book():
-    """No solution line and no hidden-test token is on any page, unless the public sources (the chapters
-    and the released exercises) contain it themselves — e.g. ``causal_mask`` is taught in chapter 02."""
+    """No solution line and no hidden-test token is on any page, unless the public sources (the chapters,
+    the released exercises and the READMEs the instructors' page is made from) contain it themselves — e.g.
+    ``causal_mask`` is taught in chapter 02, ``judged_record`` is named in the README's grading section."""
     import _coursekit as K
 
     # everything made from our pages; not _static/, which holds the theme's and MathJax's own files (30 MB a book)
@@ -402,6 +403,7 @@ def test_no_solution_or_hidden_test_reaches_the_book():
     assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text
     public = "\n".join(K.src(c) for d in ("notebooks", "exercises") for nb in sorted((ROOT / d).rglob("*.ipynb"))
                        for c in json.loads(nb.read_text(encoding="utf-8"))["cells"])
+    public += "\n".join((ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "README.zh.md"))
     found, solutions = [], sorted((ROOT / "solutions").rglob("ex[0-9][0-9]_*.ipynb"))
     assert len(solutions) >= 20, f"{len(solutions)} solutions"
     site_words, public_words = _words(text), _words(public)
