@@ -21,8 +21,8 @@ def module_name(path: Path) -> str:
 
 
 def _private(name: str) -> bool:
-    """``_x`` is private; ``__x__`` and gettext's ``_`` (tinytf.translation's public, documented ``_``) are not."""
-    return name.startswith("_") and not name.startswith("__") and name != "_"
+    """``_x`` (and gettext's ``_``: modules import it as ``gettext as _``) is private; ``__x__`` is not."""
+    return name.startswith("_") and not name.startswith("__")
 
 
 def _source_of(module: str, is_package: bool, node: ast.ImportFrom) -> str:

@@ -12,7 +12,7 @@ import math
 import torch
 
 from .masks import causal_mask
-from .translation import _
+from .translation import gettext as _
 
 __all__ = ["scaled_dot_product_attention", "combine_masks", "check_qkv", "check_mask", "check_inputs"]
 

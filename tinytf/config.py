@@ -23,7 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .translation import N_, _
+from .translation import N_
+from .translation import gettext as _
 
 __all__ = [
     "ModelConfig", "NORMS", "BACKENDS", "check_heads", "check_norm", "check_backend", "check_dropout", "check_kv_heads",

@@ -22,7 +22,7 @@ from .grouped import repeat_kv
 from .masks import causal_mask
 from .rolling import RollingKVCache
 from .tiled import tiled_attention
-from .translation import _
+from .translation import gettext as _
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kvcache import KVCache

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .translation import _, gettext
+from .translation import gettext
+from .translation import gettext as _
 
 __all__ = ["KVCache"]
 

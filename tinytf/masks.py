@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from .config import check_window
-from .translation import _
+from .translation import gettext as _
 
 __all__ = ["causal_mask", "padding_mask", "check_causal_sizes"]
 

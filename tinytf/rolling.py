@@ -18,7 +18,7 @@ import torch
 
 from .config import check_window
 from .kvcache import KVCache
-from .translation import _
+from .translation import gettext as _
 
 __all__ = ["RollingKVCache"]
 

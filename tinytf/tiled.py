@@ -25,7 +25,7 @@ from torch.autograd.function import once_differentiable
 
 from .attention import check_inputs
 from .masks import check_causal_sizes
-from .translation import _
+from .translation import gettext as _
 
 __all__ = [
     "tiled_attention", "online_softmax_update", "online_softmax_finish", "TileStats", "TiledAttention", "keys_needed", "tile_mask",

@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from ..translation import _, gettext
+from ..translation import gettext
+from ..translation import gettext as _
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, first_output, only_for, quietly

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from ..translation import N_, _, current_language
+from ..translation import N_, current_language
+from ..translation import gettext as _
 
 __all__ = ["Pitfall", "Entry", "CATALOG", "PITFALLS", "glance_table"]
 

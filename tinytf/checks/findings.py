@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..translation import _, ngettext
+from ..translation import gettext as _
+from ..translation import ngettext
 from .catalog import Pitfall
 
 __all__ = ["Finding", "report", "found", "fix_sentence", "split_fix", "relation", "tensor_relation", "shape_relation"]

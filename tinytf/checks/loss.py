@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..translation import _
+from ..translation import gettext as _
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, only_for, quietly

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..translation import _
+from ..translation import gettext as _
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import cover_probes, crash_finding, only_for, quietly

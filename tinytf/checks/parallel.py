@@ -22,7 +22,8 @@ import torch
 from ..attention import scaled_dot_product_attention
 from ..parallel import shard_qkv
 from ..ring import Layout, unshard_sequence
-from ..translation import N_, _
+from ..translation import N_
+from ..translation import gettext as _
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, quietly

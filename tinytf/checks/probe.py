@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..bench import one_thread
-from ..translation import _
+from ..translation import gettext as _
 from .catalog import Pitfall
 from .findings import Finding
 

@@ -18,7 +18,8 @@ import torch
 
 from ..memory_meters import PeakMemoryMeter
 from ..memory_sizes import attention_matrix_bytes
-from ..translation import _, gettext
+from ..translation import gettext
+from ..translation import gettext as _
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import crash_finding, error_text, is_close, max_abs_diff, quietly

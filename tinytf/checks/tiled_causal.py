@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..translation import _
+from ..translation import gettext as _
 from .catalog import Pitfall
 from .findings import Finding, found, relation
 from .probe import crash_finding, is_close, max_abs_diff, quietly

@@ -15,7 +15,8 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
-from ..translation import N_, _
+from ..translation import N_
+from ..translation import gettext as _
 
 __all__ = ["TiledProbe", "ordered_qkv", "reference", "causal_reference", "tile_count", "left_padding", "empty_rows"]
 

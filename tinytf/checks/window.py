@@ -15,7 +15,8 @@ from typing import NamedTuple
 import torch
 
 from ..masks import causal_mask
-from ..translation import N_, _
+from ..translation import N_
+from ..translation import gettext as _
 from .catalog import Pitfall
 from .findings import Finding, found
 from .probe import cover_probes, crash_finding, only_for, quietly

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..translation import N_, _
+from ..translation import N_
+from ..translation import gettext as _
 from .messages import say
 
 __all__ = ["CellCheck", "Report", "finding_lines", "format_report"]

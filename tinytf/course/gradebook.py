@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..translation import _
+from ..translation import gettext as _
 from .notebook import write_atomic
 
 __all__ = ["STATUSES", "CellResult", "ExerciseResult", "aggregate", "whole", "plain_html", "summary_text",

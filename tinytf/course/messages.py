@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-from ..translation import N_, _
+from ..translation import N_
+from ..translation import gettext as _
 
 __all__ = ["MESSAGES", "PHRASES", "STATUS_NAMES", "say", "status_name", "translate"]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from tinytf.language import notebook_language
 
-from ..translation import _
+from ..translation import gettext as _
 from .check_report import CellCheck, Report, format_report
 from .diagnosis import diagnose_json
 from .messages import say

@@ -23,7 +23,7 @@ from typing import Any
 
 from tinytf.language import edition_of
 
-from ..translation import _
+from ..translation import gettext as _
 from .check_report import CellCheck, Report, format_report
 from .diagnosis import diagnose_json
 from .messages import say

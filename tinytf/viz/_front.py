@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ..language import notebook_language
-from ..translation import N_, _
+from ..translation import N_
+from ..translation import gettext as _
 
 __all__ = ["is_headless", "interactive_figure", "HEADLESS_ENV", "figure_or_message", "message_figure", "render_png", "png_bytes",
            "choices", "remember", "recall", "LiveFigure", "STATIC_NOTE", "STATIC_NOTE_ZH", "log_axes", "keep_legend"]

@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..translation import N_, _
+from ..translation import N_
+from ..translation import gettext as _
 from ._front import interactive_figure, recall, remember
 from .attention_weights import DIM, MASKS, PAD, SCALINGS, TOKENIZERS, explorer_weights, tokenize
 from .cells import CellLabels

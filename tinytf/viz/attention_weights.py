@@ -16,7 +16,8 @@ import torch
 from ..attention import scaled_dot_product_attention
 from ..heads import MultiHeadAttention
 from ..masks import causal_mask
-from ..translation import _, gettext
+from ..translation import gettext
+from ..translation import gettext as _
 from .fonts import has_cjk
 
 __all__ = ["explorer_weights", "tokenize", "MASKS", "SCALINGS", "TOKENIZERS", "PAD", "DIM", "MAX_TOKENS"]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..memory import GiB, dtype_bytes, format_bytes, kv_cache_bytes
-from ..translation import _, gettext
+from ..translation import gettext
+from ..translation import gettext as _
 from ._front import choices, interactive_figure, keep_legend, log_axes, recall, remember
 
 __all__ = ["CAPACITIES_GIB", "cache_tokens_that_fit", "cache_figure", "update_cache_figure", "cache_explorer"]

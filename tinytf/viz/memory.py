@@ -14,7 +14,8 @@ from typing import Any
 
 from ..lm import ModelConfig
 from ..memory import ATTENTION_PATHS, GiB, Ledger, dtype_bytes, format_bytes, ledger
-from ..translation import N_, _
+from ..translation import N_
+from ..translation import gettext as _
 from ._front import choices, interactive_figure, keep_legend, log_axes, recall, remember
 
 __all__ = ["token_grid", "memory_curves", "capacity_crossing", "memory_figure", "update_memory_figure", "memory_explorer", "CAPACITIES_GIB"]

@@ -16,7 +16,7 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..tiled import TileStats, keys_needed, online_softmax_finish, online_softmax_update, tile_mask, tile_scores, tiled_attention
-from ..translation import _
+from ..translation import gettext as _
 
 __all__ = ["SoftmaxTrace", "online_softmax_trace", "tile_steps", "check_row", "Q_STD"]
 

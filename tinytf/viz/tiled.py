@@ -21,7 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..translation import N_, _
+from ..translation import N_
+from ..translation import gettext as _
 from ._front import interactive_figure, recall, remember
 from .softmax_trace import SoftmaxTrace, check_row, online_softmax_trace, tile_steps
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from tinytf.checks import Finding, Pitfall
 
-from ...translation import _
+from ...translation import gettext as _
 from ..exercises import EXERCISES
 
 __all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings", "not_implemented", "stub_or", "swapped", "with_cause"]

@@ -14,7 +14,8 @@ import torch
 from tinytf.checks import Finding, Pitfall, found
 from tinytf.checks.findings import tensor_relation
 
-from ...translation import _, gettext
+from ...translation import gettext
+from ...translation import gettext as _
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
 from .validators import close, differs, float_inputs, has_keys, shape_of, shapes, tensor

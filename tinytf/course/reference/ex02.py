@@ -14,7 +14,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
-from ...translation import _
+from ...translation import gettext as _
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
 from .validators import bool_mask, close, differs, float_inputs, has_keys, shape_of, shapes, should_be, tensor

@@ -16,7 +16,7 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
-from ...translation import _
+from ...translation import gettext as _
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped, with_cause
 from .validators import close, differs, has_keys, number, shapes, tensor

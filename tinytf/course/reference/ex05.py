@@ -13,7 +13,8 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
-from ...translation import N_, _, gettext
+from ...translation import N_, gettext
+from ...translation import gettext as _
 from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, stub_or, swapped
 from .validators import close, differs, float_inputs, has_keys, number, shape_of, shapes, tensor

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from tinytf.checks import Finding, Pitfall, found
 
-from ...translation import _
+from ...translation import gettext as _
 from ..judges import judge
 from . import Probe, call_student, judge_findings, swapped
 from .ex05 import named_findings

@@ -15,7 +15,8 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
-from ...translation import N_, _, gettext
+from ...translation import N_, gettext
+from ...translation import gettext as _
 from ..judges import judge
 from . import call_student, judge_findings
 from .ex05 import named_findings

@@ -17,7 +17,8 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
-from ...translation import _, gettext
+from ...translation import gettext
+from ...translation import gettext as _
 from ..judges import judge
 from . import call_student, judge_findings, stub_or, with_cause
 from .ex05 import named_findings

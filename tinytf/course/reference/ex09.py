@@ -16,7 +16,7 @@ import torch
 
 from tinytf.checks import Finding
 
-from ...translation import _
+from ...translation import gettext as _
 from ..judges import judge
 from . import Probe, judge_findings, stub_or, swapped
 from .ex05 import named_findings

@@ -17,7 +17,8 @@ import torch
 
 from tinytf.checks import Finding, Pitfall, found
 
-from ...translation import N_, _
+from ...translation import N_
+from ...translation import gettext as _
 from ..judges import judge
 from . import Probe, call_student, judge_findings, stub_or, swapped
 from .ex05 import named_findings

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from tinytf.checks import Finding, Pitfall
 
-from ...translation import _
+from ...translation import gettext as _
 from ..judges import judge
 from . import Probe, call_student, judge_findings, stub_or
 from .ex05 import named_findings

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...translation import _
+from ...translation import gettext as _
 
 __all__ = ["ship", "unship", "ThreadComm", "on_threads", "on_processes", "JOBS",
            "attention_job", "row_job", "ring_job", "reference_attention"]

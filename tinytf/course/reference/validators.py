@@ -20,7 +20,8 @@ import torch
 
 from tinytf.checks.findings import relation, shape_relation, tensor_relation
 
-from ...translation import N_, _
+from ...translation import N_
+from ...translation import gettext as _
 
 __all__ = ["FLOATING", "tensor", "close", "float_inputs", "bool_mask", "number", "positive", "seconds", "has_keys", "shape_of", "differs",
            "should_be", "shapes", "how_off"]
