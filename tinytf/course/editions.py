@@ -3,16 +3,8 @@
 A Chinese twin lives beside its English notebook in a ``zh/`` folder with the same file name
 (``notebooks/zh/03_multi_head.ipynb``). Twins have the same cells (ids, types, metadata); their code
 cells are *the same program*: their syntax trees (:mod:`ast`) are identical once the words a student
-reads are masked (:func:`masked_program`). Masked are comments, docstrings and the text of
-
-- ``print(...)`` / ``display(...)`` / ``Markdown(...)`` / ``HTML(...)`` strings: a string literal, the
-  literal parts of an f-string (its ``{expressions}`` stay, in the same order), ``+`` / ``%`` /
-  ``.format`` / ``"sep".join([...])`` of those, either branch of ``a if c else b``;
-- assert messages and the message of ``raise SomeError("...")``;
-- figure text: the first argument of ``set_title``/``set_xlabel``/``set_ylabel``/``title``/``xlabel``/
-  ``ylabel``/``suptitle``/``set_label``/``annotate``, the third of ``text``/``figtext``, the label lists
-  of ``legend([...])``, and the keywords ``label``, ``title``, ``xlabel``, ``ylabel``, ``*_label``,
-  ``*_title``, ``labels``, ``xticklabels``, ``yticklabels`` of any call, and a progress bar's ``desc``.
+reads are masked (:func:`tinytf.course.displayed.masked_program`: comments, docstrings, printed and
+displayed text, assert and error messages, figure labels).
 
 Everything else (names, numbers, strings used as data, calls, arguments, format specs, defaults) must match:
 a translation never changes what runs. nbgrader's markers and metadata are identical. The edition is read
@@ -31,6 +23,8 @@ from typing import Any
 
 from tinytf.language import LANGUAGES, edition_of
 
+from .displayed import displayed_texts, masked_program, needs_translation, untranslated_texts
+
 __all__ = [
     "EDITIONS",
     "edition",
@@ -41,10 +35,11 @@ __all__ = [
     "code_difference",
     "compare_twins",
     "needs_translation",
+    "displayed_texts",
+    "untranslated_texts",
 ]
 
 EDITIONS = LANGUAGES
-_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 # nbgrader's region markers are comments, so the token comparison alone would not see a lost one
 _MARKER = re.compile(r"^\s*#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)\b.*$", re.MULTILINE)
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER}
@@ -76,113 +71,6 @@ def code_tokens(source: str) -> list[tuple[int, str]]:
     """The token stream of a code cell without comments and blank lines: what runs."""
     tokens: Iterator[tokenize.TokenInfo] = tokenize.generate_tokens(io.StringIO(source + "\n").readline)
     return [(t.type, t.string) for t in tokens if t.type not in _SKIP]
-
-
-_MASK = "…"  # what a masked text becomes: every translation of a sentence compares equal
-_DISPLAY_OBJECTS = {"Markdown", "HTML"}
-_FIRST_ARG_TEXT = {"set_title", "set_xlabel", "set_ylabel", "set_zlabel", "title", "xlabel", "ylabel", "suptitle", "supxlabel", "supylabel",
-                   "set_label", "annotate"}
-_THIRD_ARG_TEXT = {"text", "figtext"}
-_TEXT_KEYWORDS = {"label", "title", "xlabel", "ylabel", "zlabel", "suptitle", "desc"}  # desc: a progress bar
-_TEXT_LIST_KEYWORDS = {"labels", "xticklabels", "yticklabels"}
-_LINE_MAGIC = re.compile(r"^([ \t]*)([%!].*)$", re.MULTILINE)
-
-
-def _is_str(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and isinstance(node.value, str)
-
-
-def _text(node: ast.expr) -> ast.expr:
-    """``node`` with the words of a displayed string masked; names, calls and numbers inside stay."""
-    if _is_str(node):
-        return ast.Constant(_MASK)
-    if isinstance(node, ast.JoinedStr):  # literal parts (and {"literals"}) go; the {expressions} stay, in order
-        kept = [v for v in node.values if isinstance(v, ast.FormattedValue) and not _is_str(v.value)]
-        for v in kept:
-            v.value = _text(v.value)  # {"a" if c else "b"}: the words go, the condition stays
-        return ast.JoinedStr(kept)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)):
-        node.left = _text(node.left)
-        if isinstance(node.op, ast.Add):
-            node.right = _text(node.right)
-    elif isinstance(node, ast.IfExp):
-        node.body, node.orelse = _text(node.body), _text(node.orelse)
-    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        if node.func.attr == "format":
-            node.func.value = _text(node.func.value)
-        elif node.func.attr == "join" and _is_str(node.func.value):
-            node.args = [_items(a) for a in node.args]
-    return node
-
-
-def _items(node: ast.expr) -> ast.expr:
-    """A list of displayed strings (legend labels, table rows): each item masked."""
-    if isinstance(node, (ast.List, ast.Tuple)):
-        node.elts = [_text(e) for e in node.elts]
-    elif isinstance(node, (ast.ListComp, ast.GeneratorExp)):
-        node.elt = _text(node.elt)
-    return node
-
-
-def _callee(func: ast.expr) -> str:  # print, ax.set_title -> "print", "set_title"
-    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-
-
-class _Masker(ast.NodeTransformer):
-    """Masks the words a student reads (see the module docstring); children first, so nesting works."""
-
-    def visit_Call(self, node: ast.Call) -> ast.Call:
-        self.generic_visit(node)
-        name, method = _callee(node.func), isinstance(node.func, ast.Attribute)
-        if (name == "print" and not method) or name == "display" or name in _DISPLAY_OBJECTS:
-            node.args = [_text(a) for a in node.args]
-        elif method and name in _FIRST_ARG_TEXT and node.args:
-            node.args[0] = _text(node.args[0])
-        elif method and name in _THIRD_ARG_TEXT and len(node.args) >= 3:
-            node.args[2] = _text(node.args[2])
-        elif method and name == "legend":
-            node.args = [_items(a) for a in node.args]
-        for kw in node.keywords:
-            if kw.arg in _TEXT_KEYWORDS or (kw.arg or "").endswith(("_label", "_title")):
-                kw.value = _text(kw.value)
-            elif kw.arg in _TEXT_LIST_KEYWORDS:
-                kw.value = _items(kw.value)
-        return node
-
-    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
-        self.generic_visit(node)
-        if node.msg is not None:
-            node.msg = _text(node.msg)
-        return node
-
-    def visit_Raise(self, node: ast.Raise) -> ast.Raise:
-        self.generic_visit(node)
-        if isinstance(node.exc, ast.Call):
-            node.exc.args = [_text(a) for a in node.exc.args]
-        return node
-
-    def generic_visit(self, node: ast.AST) -> ast.AST:
-        body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body \
-                and isinstance(body[0], ast.Expr) and _is_str(body[0].value):
-            body[0].value = ast.Constant(_MASK)  # a docstring
-        return super().generic_visit(node)
-
-
-def masked_program(source: str) -> ast.Module:
-    """The syntax tree of a code cell with comments, docstrings and displayed words masked: what twins share.
-
-    IPython syntax is kept as data: a leading ``%%magic args`` line and each ``%line`` / ``!shell`` line
-    become calls with their exact text; the body of a cell magic is parsed as Python (``%%writefile x.py``).
-    Raises ``SyntaxError`` for code that does not parse."""
-    head: list[ast.stmt] = []
-    if source.startswith("%%"):
-        first, _, source = source.partition("\n")
-        head = ast.parse(f"_ipython_cell_magic_({first!r})").body
-    source = _LINE_MAGIC.sub(lambda m: f"{m[1]}_ipython_line_magic_({m[2]!r})", source)
-    tree = _Masker().visit(ast.parse(source))
-    tree.body[:0] = head
-    return tree
 
 
 def _short(node: ast.AST) -> str:
@@ -287,14 +175,3 @@ def compare_twins(en_nb: dict[str, Any], zh_nb: dict[str, Any], where: str = "")
     for i, (en, zh) in enumerate(zip(en_cells, zh_cells)):
         problems += [f"{head}cell {i} (id {zh.get('id')}): {p}" for p in _cell_problems(en, zh)]
     return problems
-
-
-def needs_translation(cell: dict[str, Any]) -> bool:
-    """True for a markdown cell with English prose and no Chinese (code and maths alone are fine)."""
-    if cell.get("cell_type") != "markdown":
-        return False
-    text = _source(cell)
-    if _CJK.search(text):
-        return False
-    prose = re.sub(r"```.*?```|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|<[^>]+>|\[[^\]]*\]\([^)]*\)", " ", text, flags=re.DOTALL)
-    return len(re.findall(r"[A-Za-z]{3,}", prose)) >= 3
