@@ -3,7 +3,6 @@ figure labels and docstrings of every zh chapter, solution and exercise (code an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
