@@ -69,6 +69,9 @@ def test_the_key_changes_with_the_notebook_the_package_and_the_device(scratch):
     assert executed.execution_key(nb) == changed, "editing the book's builder does not re-execute"
     nb.write_text(nb.read_text().replace("[1, 2]", "[1, 3]"))
     assert executed.execution_key(nb) != changed, "a notebook change re-executes"
+    changed = executed.execution_key(nb)
+    (nb.parent / "matplotlibrc").write_text("font.family: sans-serif\n")
+    assert executed.execution_key(nb) != changed, "another font for the folder's figures re-executes"
 
 
 @pytest.mark.slow  # one papermill run (a few seconds)
@@ -111,3 +114,12 @@ def test_the_glossary_gives_jieba_its_chinese_terms():
     for t in ("掩码", "因果掩码", "填充掩码", "缓存", "多头注意力", "分组查询注意力"):
         assert t in terms, t
     assert not [t for t in terms if any(ch.isascii() for ch in t)], "jieba words: no Latin letters, spaces or slashes"
+
+
+def test_missing_glyphs_are_found_in_stream_outputs():
+    warning = "/x.py:3: UserWarning: Glyph 25439 (\\N{CJK UNIFIED IDEOGRAPH-635F}) missing from font(s) DejaVu Sans.\n"
+    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stderr", "text": [warning, warning]},
+                                                      {"output_type": "stream", "name": "stdout", "text": "ok\n"}]},
+                    {"cell_type": "markdown", "source": "missing from font"}]}
+    assert executed.missing_glyphs(nb) == [warning.strip()]
+    assert executed.missing_glyphs({"cells": [{"cell_type": "code", "outputs": []}]}) == []

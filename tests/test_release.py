@@ -11,7 +11,7 @@ import _coursekit as K
 import pytest
 
 from tinytf.course.nbgrader_root import REPO, find_notebooks
-from tinytf.course.release import EDITION_FOLDERS, release
+from tinytf.course.release import EDITION_FOLDERS, SUPPORT_FILES, release
 
 
 def _found(folder: str) -> dict[str, Path]:
@@ -57,6 +57,18 @@ def test_release_is_byte_identical_and_strips_solutions_and_hidden_tests(tmp_pat
     a.write_text(text.replace("double(2)", "double(3)"), encoding="utf-8")  # an exercise edited by hand is restored
     release(tmp_path / "sol", tmp_path / "a")
     assert writes == [a] and a.read_text(encoding="utf-8") == text
+
+
+def test_release_copies_the_folders_matplotlibrc(tmp_path):
+    K.toy_solution(tmp_path / "sol")
+    (tmp_path / "sol" / "matplotlibrc").write_text("font.family: sans-serif\n", encoding="utf-8")
+    release(tmp_path / "sol", tmp_path / "out")
+    assert (tmp_path / "out" / "matplotlibrc").read_text(encoding="utf-8") == "font.family: sans-serif\n"
+    for src, out in EDITION_FOLDERS.values():  # the committed exercises carry their solutions' settings
+        for name in SUPPORT_FILES:
+            assert (REPO / src / name).is_file() == (REPO / out / name).is_file(), f"run `make release` ({out}/{name})"
+            if (REPO / src / name).is_file():
+                assert (REPO / out / name).read_bytes() == (REPO / src / name).read_bytes(), f"{out}/{name} is stale"
 
 
 @pytest.mark.grading  # nbgrader releases every exercise (once per session, shared)

@@ -65,3 +65,34 @@ def test_english_figures_leave_the_fonts_alone(monkeypatch):
     before = list(matplotlib.rcParams["font.sans-serif"])
     assert fonts.use_cjk_font(["the", "cat"]) is True
     assert matplotlib.rcParams["font.sans-serif"] == before
+
+
+ZH_FOLDERS = ("notebooks/zh", "solutions/zh", "exercises/zh")
+
+
+@pytest.mark.parametrize("folder", ZH_FOLDERS)
+def test_every_chinese_folder_draws_its_labels_with_a_cjk_font(folder):
+    """A Chinese chapter's or exercise's own labels (``ax.set_title("损失")``) are drawn with the font its
+    folder's matplotlibrc names: matplotlib, started in that folder as Jupyter starts a kernel, draws
+    Chinese without a missing glyph."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    assert len(list((root / folder).glob("*.ipynb"))) >= 11, f"{folder} holds the Chinese notebooks"
+    rc = root / folder / "matplotlibrc"
+    assert rc.is_file() and rc.read_bytes() == (root / "notebooks/zh/matplotlibrc").read_bytes(), \
+        f"{folder}/matplotlibrc must be notebooks/zh/matplotlibrc (exercises/zh gets it from `make release`)"
+    if fonts.find_cjk_font() is None:
+        if os.environ.get("TINYTF_REQUIRE_CJK_FONT"):
+            pytest.fail("no CJK font found although CI installs fonts-noto-cjk: " + fonts.NO_FONT_MESSAGE)
+        pytest.skip("no CJK font installed here (CI installs fonts-noto-cjk)")
+    code = ("import warnings, matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt\n"
+            "fig, ax = plt.subplots(); ax.set_title('损失（学习率）'); ax.set_xlabel('步')\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always'); fig.canvas.draw()\n"
+            "print([str(x.message) for x in w if 'missing from font' in str(x.message)])")
+    run = subprocess.run([sys.executable, "-c", code], cwd=root / folder, capture_output=True, text=True, check=True,
+                         env={k: v for k, v in os.environ.items() if k != "MATPLOTLIBRC"})
+    assert run.stdout.strip() == "[]", run.stdout

@@ -24,7 +24,7 @@ from pathlib import Path
 from .nbgrader_root import REPO
 from .notebook import load_json, write_atomic
 
-__all__ = ["EXECUTED", "OPTIONS", "executed_path", "execution_key", "execute", "execute_all", "main"]
+__all__ = ["EXECUTED", "OPTIONS", "executed_path", "execution_key", "missing_glyphs", "execute", "execute_all", "main"]
 
 EXECUTED = REPO / "build" / "executed"
 PACKAGE = REPO / "tinytf"
@@ -56,12 +56,23 @@ def _package_digest() -> str:
 
 
 def execution_key(nb: Path, device: str = "cpu") -> str:
-    """What an executed copy depends on: the notebook's bytes, the ``tinytf`` package, the device and
-    the executor's options. A copy with another key is executed again."""
+    """What an executed copy depends on: the notebook's bytes, its folder's ``matplotlibrc`` (the fonts its
+    figures are drawn with), the ``tinytf`` package, the device and the executor's options. A copy with
+    another key is executed again."""
     h = hashlib.sha256(Path(nb).read_bytes())
+    rc = Path(nb).parent / "matplotlibrc"
+    h.update(rc.read_bytes() if rc.is_file() else b"")
     h.update(_package_digest().encode())
     h.update(json.dumps(dict(OPTIONS, device=device), sort_keys=True).encode())
     return h.hexdigest()
+
+
+def missing_glyphs(nb: dict) -> list[str]:
+    """matplotlib's "Glyph ... missing from font" warnings in ``nb``'s outputs: labels drawn as empty boxes
+    (a Chinese figure without the CJK font its folder's ``matplotlibrc`` names), one line each."""
+    lines = (ln for c in nb.get("cells", []) for o in c.get("outputs", []) if o.get("output_type") == "stream"
+             for ln in "".join(o.get("text", "")).splitlines())
+    return sorted({ln.strip() for ln in lines if "missing from font" in ln})
 
 
 def _stored_key(out: Path) -> str | None:
@@ -101,6 +112,11 @@ def execute(nb: Path, device: str = "cpu", *, root: Path = EXECUTED, force: bool
         out.unlink(missing_ok=True)  # neither a failed run nor an older copy may pass for this one
         raise RuntimeError(f"executing {_rel(nb)} failed (papermill exit {run.returncode}); the partial copy is {_rel(failed)}")
     done = load_json(part)
+    if os.environ.get("TINYTF_REQUIRE_CJK_FONT") == "1" and (boxes := missing_glyphs(done)):
+        part.replace(out.with_name(f"{out.stem}.failed.ipynb"))
+        out.unlink(missing_ok=True)
+        raise RuntimeError(f"{_rel(nb)} drew text its font lacks (TINYTF_REQUIRE_CJK_FONT=1): {boxes[0]} - put a "
+                           "matplotlibrc naming a CJK font in its folder (notebooks/zh/matplotlibrc) and install one")
     done["metadata"]["tinytf"] = {"execution_key": key, "device": device}
     write_atomic(out, json.dumps(done, ensure_ascii=False, indent=1) + "\n")
     part.unlink()

@@ -28,9 +28,10 @@ from .exercises import EDITION_FOLDERS
 from .nbgrader_root import REPO, build_course_root, find_notebooks
 from .notebook import cell_source, dumps_notebook, is_test_cell, load_json, nbgrader_meta, write_atomic
 
-__all__ = ["release", "release_editions", "released_text", "EDITION_FOLDERS", "MANIFEST", "test_checksum",
+__all__ = ["release", "release_editions", "released_text", "EDITION_FOLDERS", "MANIFEST", "SUPPORT_FILES", "test_checksum",
            "load_manifest", "record_release", "record_history", "earlier_release"]
 
+SUPPORT_FILES = ("matplotlibrc",)  # copied from a solutions folder to its exercises folder by every release
 MANIFEST = "releases.json"  # in each folder of released notebooks: {exNN: {grade_id: [checksum, ...]}}
 
 
@@ -129,6 +130,10 @@ def release(
             written.append(dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    for name in SUPPORT_FILES:  # the folder's settings travel with its notebooks (the CJK font of zh figures)
+        src, dest = Path(solutions) / name, out / name
+        if src.is_file() and (not dest.is_file() or dest.read_bytes() != src.read_bytes()):
+            shutil.copyfile(src, dest)
     record_release(out, written)
     if prune if prune is not None else exercises is None:
         keep = {p.name for p in written}
