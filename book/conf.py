@@ -86,6 +86,13 @@ def _language_switch(app, pagename, templatename, context, doctree) -> None:
                                 f"{LABELS[other]}</a></p>")  # placed by _templates/layout.html
 
 
+def _chinese_search_page(app, config) -> None:
+    """The search page's summary in Chinese: translations Sphinx's zh_CN catalog lacks (tinytf-search-zh.js)."""
+    if _lang(config) == "zh":
+        app.add_js_file("tinytf-search-zh.js", priority=600)  # after Sphinx's translations.js
+
+
 def setup(app):
     app.connect("config-inited", _search_language)
+    app.connect("config-inited", _chinese_search_page)
     app.connect("html-page-context", _language_switch)

@@ -356,6 +356,7 @@ async def _switch_and_search(site: str) -> tuple[list[str], dict[tuple[str, str]
                                              "return s && s.innerText.trim().length > 0; }")
                 results[lang, query] = await page.evaluate(
                     "() => Array.from(document.querySelectorAll('#search-results ul.search li > a')).map(a => a.href)")
+                results[lang, query, "summary"] = await page.locator("#search-results .search-summary").inner_text()
                 if (lang, query) == ("zh", "掩码"):
                     SHOTS.mkdir(parents=True, exist_ok=True)
                     await page.screenshot(path=str(SHOTS / "search_zh.png"))
@@ -383,10 +384,14 @@ def test_searching_the_book_finds_the_chapters_that_teach_the_term(switched_and_
         found = [urlsplit(h).path for h in results[lang, query]]
         teach = [f"/{lang}/chapters/{nb.stem}.html" for nb in _chapters(lang) if query.lower() in _headings(nb).lower()]
         assert teach, f"no {lang} chapter has {query!r} in a heading: the query tests nothing"
-        report.append(f"{query}: {len(found)} pages, first {found[:5]}")
+        report.append(f"{query}: {len(found)} pages ({results[lang, query, 'summary'].strip()}), first {found[:5]}")
         assert all(p.startswith(f"/{lang}/") for p in found), f"{query!r}: results outside the {lang} book: {found}"
         missing = [p for p in teach if p not in found]
         assert not missing, f"searching {query!r} in the {lang} book misses {missing} (found {found})"
+        summary = results[lang, query, "summary"]
+        n = len(found)
+        said = {"en": f"found {n} pages" if n != 1 else "found one page", "zh": f"搜索完成，找到 {n} 个匹配的页面"}[lang]
+        assert said in summary, f"{lang} search page's summary for {query!r}: {summary!r} (expected {said!r})"
     print(f"\n{lang} search:\n" + "\n".join(report))
 
 

@@ -145,6 +145,7 @@ def _write_edition(ed: Edition, root: Path, chapters: list[Path]) -> list[Path]:
     (root / "_static").mkdir(parents=True)
     shutil.copyfile(REPO / "book" / "conf.py", root / "conf.py")
     shutil.copyfile(REPO / "book" / "tinytf.css", root / "_static" / "tinytf.css")
+    shutil.copyfile(REPO / "book" / "tinytf-search-zh.js", root / "_static" / "tinytf-search-zh.js")
     shutil.copytree(REPO / "book" / "_templates", root / "_templates")
     exercises = sorted(ed.exercises.glob("ex[0-9][0-9]_*.ipynb"))
     pages = []
