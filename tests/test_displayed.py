@@ -3,6 +3,7 @@ figure labels and docstrings of every zh chapter, solution and exercise (code an
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,28 @@ def test_displayed_texts_are_the_words_a_student_reads():
 ])
 def test_untranslated_texts_finds_english_sentences_not_code(src: str, english: list[str]):
     assert untranslated_texts(src) == english
+
+
+@pytest.mark.parametrize("path", ZH, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_chinese_notebook_prints_and_labels_in_chinese(path: Path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    found = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            found += [f"cell {cell.get('id')}: {t.strip()[:70]!r}" for t in untranslated_texts("".join(cell["source"]))]
+        except SyntaxError:  # an unfinished exercise stub: nothing it prints runs yet
+            continue
+    assert not found, (f"{path.relative_to(ROOT)}: English a Chinese student reads (print, assert, raise, figure "
+                       "label or docstring); translate it (notebooks/zh/术语表.md):\n" + "\n".join(found))
+
+
+def test_every_chinese_folder_draws_its_figures_with_the_cjk_font():
+    rc = (ROOT / "notebooks" / "zh" / "matplotlibrc").read_text(encoding="utf-8")
+    folders = sorted({p.parent for p in ZH})
+    assert [f.relative_to(ROOT).as_posix() for f in folders] == ["exercises/zh", "notebooks/zh", "solutions/zh"]
+    for folder in folders:  # matplotlib reads matplotlibrc from the folder a notebook runs in
+        rc_here = folder / "matplotlibrc"
+        assert rc_here.is_file() and rc_here.read_text(encoding="utf-8") == rc, (
+            f"{folder.relative_to(ROOT)}: copy notebooks/zh/matplotlibrc here, or its Chinese figure labels are empty boxes")

@@ -159,6 +159,7 @@ KEPT_ENGLISH = frozenset({
     "token", "tokens", "batch", "shape", "softmax", "dtype", "logits", "ids", "mask", "kernel", "notebook",
     "MiB", "GiB", "KiB", "MB", "GB", "FLOPs", "FLOP", "sqrt", "exp", "log", "max", "min", "sum", "std", "mean",
     "True", "False", "None", "NaN", "nan", "inf", "cpu", "cuda", "GPU", "CPU", "CUDA", "SDPA", "sdpa", "TFLOP", "lse", "tinytf",
+    "rank",  # notebooks/zh/术语表.md keeps rank in English
 })
 _WORD = re.compile(r"(?<![\w.{\[])[A-Za-z]{3,}(?![\w(\[])")
 
