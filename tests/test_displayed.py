@@ -56,13 +56,3 @@ def test_a_chinese_notebook_prints_and_labels_in_chinese(path: Path):
             continue
     assert not found, (f"{path.relative_to(ROOT)}: English a Chinese student reads (print, assert, raise, figure "
                        "label or docstring); translate it (notebooks/zh/术语表.md):\n" + "\n".join(found))
-
-
-def test_every_chinese_folder_draws_its_figures_with_the_cjk_font():
-    rc = (ROOT / "notebooks" / "zh" / "matplotlibrc").read_text(encoding="utf-8")
-    folders = sorted({p.parent for p in ZH})
-    assert [f.relative_to(ROOT).as_posix() for f in folders] == ["exercises/zh", "notebooks/zh", "solutions/zh"]
-    for folder in folders:  # matplotlib reads matplotlibrc from the folder a notebook runs in
-        rc_here = folder / "matplotlibrc"
-        assert rc_here.is_file() and rc_here.read_text(encoding="utf-8") == rc, (
-            f"{folder.relative_to(ROOT)}: copy notebooks/zh/matplotlibrc here, or its Chinese figure labels are empty boxes")

@@ -54,6 +54,7 @@ def _text(node: ast.expr) -> ast.expr:
     if isinstance(node, ast.JoinedStr):  # literal parts (and {"literals"}) go; the {expressions} stay, in order
         if _SEEN:
             _SEEN[-1].append(" ".join(v.value for v in node.values if _is_str(v)))
+            _SEEN[-1].extend(v.value.value for v in node.values if isinstance(v, ast.FormattedValue) and _is_str(v.value))
         kept = [v for v in node.values if isinstance(v, ast.FormattedValue) and not _is_str(v.value)]
         for v in kept:
             v.value = _text(v.value)  # {"a" if c else "b"}: the words go, the condition stays
@@ -158,19 +159,22 @@ def displayed_texts(source: str) -> list[str]:
 KEPT_ENGLISH = frozenset({
     "token", "tokens", "batch", "shape", "softmax", "dtype", "logits", "ids", "mask", "kernel", "notebook",
     "MiB", "GiB", "KiB", "MB", "GB", "FLOPs", "FLOP", "sqrt", "exp", "log", "max", "min", "sum", "std", "mean",
-    "True", "False", "None", "NaN", "nan", "inf", "cpu", "cuda", "GPU", "CPU", "CUDA", "SDPA", "sdpa", "TFLOP", "lse", "tinytf",
+    "True", "False", "None", "NaN", "nan", "inf", "cpu", "cuda", "GPU", "CPU", "CUDA", "SDPA", "sdpa", "TFLOP", "lse", "tinytf", "MACs",
     "rank",  # notebooks/zh/术语表.md keeps rank in English
 })
 _WORD = re.compile(r"(?<![\w.{\[])[A-Za-z]{3,}(?![\w(\[])")
 
 
 def _identifiers(source: str) -> set[str]:
-    """Every name the cell's code uses (variables, attributes, arguments, functions, imports)."""
+    """Every name the cell's code uses (variables, attributes, arguments, functions, imports) and every
+    word-like string it uses as data (``method="tiled"``, a dict's keys): the displayed words are masked first."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(_LINE_MAGIC.sub("", source.partition("\n")[2] if source.startswith("%%") else source))):
+    for node in ast.walk(masked_program(source)):
         names.update(getattr(node, f) for f in ("id", "attr", "arg", "name") if isinstance(getattr(node, f, None), str))
         if isinstance(node, ast.alias):
             names.update(node.name.split(".") + [node.asname or ""])
+        elif _is_str(node) and node.value.isidentifier():
+            names.add(node.value)
     return names
 
 
