@@ -54,3 +54,13 @@ def test_the_key_covers_solutions_released_copies_and_tinytf_source(tmp_path):
     (released / "ex90_toy.ipynb").write_text("{}", encoding="utf-8")
     assert course_root_key(sols, released, source=pkg) != with_release, "the released copy is part of the key"
     assert course_root_key(sols) != course_root_key(sols, source=pkg), "by default the key covers tinytf's own source"
+
+
+def test_a_folders_matplotlibrc_goes_with_each_assignment_and_into_the_key(tmp_path):
+    sols = find_notebooks(K.toy_solution(tmp_path / "solutions").parent)
+    base = course_root_key(sols)
+    (tmp_path / "solutions" / "matplotlibrc").write_text("font.family: sans-serif\n", encoding="utf-8")
+    assert course_root_key(sols) != base, "the folder's matplotlibrc is part of the key"
+    root = cached_course_root(tmp_path / "solutions", ["ex90"], "en", cache=tmp_path / "cache")
+    for stage in ("source", "release"):  # nbgrader hands an assignment's other files to the students with it
+        assert (root / stage / "ex90" / "matplotlibrc").read_text(encoding="utf-8") == "font.family: sans-serif\n", stage

@@ -36,6 +36,7 @@ from .exercises import REPO
 from .notebook import kernel_config
 
 __all__ = [
+    "SUPPORT_FILES",
     "COURSE_ID",
     "REPO",
     "exercise_id",
@@ -49,6 +50,7 @@ __all__ = [
 ]
 
 COURSE_ID = "tinytf"
+SUPPORT_FILES = ("matplotlibrc",)  # a solutions folder's files its exercises need (the CJK font of zh figures)
 PACKAGE = Path(__file__).resolve().parents[1]  # tinytf/: its source is part of a cached root's key
 CACHE = REPO / "build" / "course-roots"
 _KEEP = 12  # cached roots kept (the most recently used)
@@ -158,6 +160,9 @@ def build_course_root(solutions: dict[str, Path], root: str | os.PathLike | None
         dest = root / "source" / ex / path.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest)
+        for name in SUPPORT_FILES:  # nbgrader releases an assignment folder's other files with it
+            if (Path(path).parent / name).is_file():
+                shutil.copyfile(Path(path).parent / name, dest.parent / name)
         names[ex] = path.name
     a = api(root, edition=langs.pop() if langs else "en")
     for ex in sorted(solutions):
@@ -181,6 +186,9 @@ def course_root_key(solutions: dict[str, Path], released: str | os.PathLike | No
     h = hashlib.sha256(f"nbgrader {version('nbgrader')}\n".encode())
     for ex, path in sorted(solutions.items()):
         h.update(f"solution {ex} {Path(path).name}\n".encode() + Path(path).read_bytes())
+        for name in SUPPORT_FILES:
+            if (Path(path).parent / name).is_file():
+                h.update(f"support {name}\n".encode() + (Path(path).parent / name).read_bytes())
         copy = Path(released) / Path(path).name if released else None
         if copy is not None and copy.is_file():
             h.update(f"released {copy.name}\n".encode() + copy.read_bytes())

@@ -25,13 +25,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .exercises import EDITION_FOLDERS
-from .nbgrader_root import REPO, build_course_root, find_notebooks
+from .nbgrader_root import REPO, SUPPORT_FILES, build_course_root, find_notebooks
 from .notebook import cell_source, dumps_notebook, is_test_cell, load_json, nbgrader_meta, write_atomic
 
 __all__ = ["release", "release_editions", "released_text", "EDITION_FOLDERS", "MANIFEST", "SUPPORT_FILES", "test_checksum",
            "load_manifest", "record_release", "record_history", "earlier_release"]
 
-SUPPORT_FILES = ("matplotlibrc",)  # copied from a solutions folder to its exercises folder by every release
 MANIFEST = "releases.json"  # in each folder of released notebooks: {exNN: {grade_id: [checksum, ...]}}
 
 
