@@ -63,6 +63,7 @@ def kernel_config() -> Any:
     network. jupyter_client then provisions CurveZMQ keys for kernelspecs that declare ``supported_encryption:
     curve`` (ipykernel >= 7), so the kernel's sockets are encrypted and it no longer logs
     "Kernel is running over TCP without encryption". Kernels that cannot are started as before.
+    The kernel is stopped as soon as the run ends (``shutdown_kernel = "immediate"``).
     """
     import zmq  # Jupyter's messaging and config: kept out of `import tinytf`
     from traitlets.config import Config
@@ -71,6 +72,9 @@ def kernel_config() -> Any:
     c.KernelManager.transport = "ipc"
     c.KernelManager.ip = str(Path(tempfile.gettempdir()) / f"tinytf-kernel-{uuid.uuid4().hex[:12]}")  # sockets: <ip>-<port>
     c.KernelManager.transport_encryption = "auto" if zmq.has("curve") else "disabled"
+    # the run is over when the last cell is: stop the kernel at once instead of asking it to shut down and
+    # polling until it has (nbclient's "graceful" wait was 0.7-1 s a notebook; nothing of a run is left to save)
+    c.NotebookClient.shutdown_kernel = "immediate"
     return c
 
 
