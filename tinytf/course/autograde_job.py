@@ -21,6 +21,21 @@ import json  # noqa: E402
 import logging  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+FORKED = "tinytf.course.kernels.ForkedKernelManager"  # what kernel_config names; imported by name it would load torch here
+
+
+def _kernel_manager(config: dict) -> dict:
+    """``config`` with tinytf's forked-kernel manager as a class, loaded from its file (no ``import tinytf``)."""
+    client = config.get("NotebookClient", {})
+    if client.get("kernel_manager_class") == FORKED:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("tinytf_course_kernels", os.path.join(_HERE, "kernels.py"))
+        kernels = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(kernels)  # type: ignore[union-attr]
+        config = dict(config, NotebookClient=dict(client, kernel_manager_class=kernels.ForkedKernelManager))
+    return config
+
 
 def autograde(config: dict, exercise: str, student: str) -> dict:
     """nbgrader's verdict on ``student``'s ``exercise`` in the course root that ``config`` names."""
@@ -29,7 +44,7 @@ def autograde(config: dict, exercise: str, student: str) -> dict:
     from traitlets.config import Config
 
     (Path(config["CourseDirectory"]["root"]) / "exchange").mkdir(parents=True, exist_ok=True)
-    api = NbGraderAPI(config=Config(config))
+    api = NbGraderAPI(config=Config(_kernel_manager(config)))
     api.log.setLevel(logging.WARNING)
     result = api.autograde(exercise, student, force=True, create=True)
     return {"success": bool(result.get("success")), "log": (result.get("log") or "")[-4000:],

@@ -31,6 +31,7 @@ PACKAGE = REPO / "tinytf"
 INLINE = "module://matplotlib_inline.backend_inline"  # figures become image/png outputs (Agg would leave "<Figure size ...>")
 # what the executor does, in the key: changing it re-executes every copy
 OPTIONS = {"backend": INLINE, "headless": "1", "kernel": "python3", "threads": "1", "version": 2}
+_PAPERMILL = str(Path(__file__).resolve().parent / "papermill_run.py")  # papermill with a forked kernel (run by path)
 _BUILDERS = ("executed.py", "book.py")  # this module and the book's: no chapter imports them; OPTIONS holds what they do to a run
 
 
@@ -97,10 +98,12 @@ def execute(nb: Path, device: str = "cpu", *, root: Path = EXECUTED, force: bool
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(f".{out.stem}.running.ipynb")
+    from .kernels import zygote_for_this_process
+
+    zygote_for_this_process()  # papermill_run.py forks the kernel from it (TINYTF_KERNEL_ZYGOTE)
     env = dict(os.environ, TINYTF_HEADLESS=OPTIONS["headless"], TINYTF_DEVICE=device, MPLBACKEND=INLINE,
                OMP_NUM_THREADS=OPTIONS["threads"])
-    cmd = [sys.executable, "-m", "papermill", "--no-progress-bar", "--log-level", "WARNING", "-k", OPTIONS["kernel"],
-           "--execution-timeout", "600", "--cwd", str(nb.parent), "-p", "device", device, str(nb), str(part)]
+    cmd = [sys.executable, _PAPERMILL, str(nb), str(part), str(nb.parent), device, OPTIONS["kernel"], "600"]
     start = time.perf_counter()
     run = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     noise = ("without encryption", "Use IPC transport")  # ipykernel's TCP note: nothing for a reader

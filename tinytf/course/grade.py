@@ -150,6 +150,11 @@ def _base_env() -> dict[str, str]:
     env.update(TINYTF_HEADLESS="1", MPLBACKEND="Agg", TINYTF_DEVICE="cpu", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1", MALLOC_ARENA_MAX="2", PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0",
                PYDEVD_DISABLE_FILE_VALIDATION="1")
+    from .kernels import ENV, shared_zygote
+
+    zygote = shared_zygote(env) if env.get(ENV) != "off" else None  # every job's kernel forks from it (same hash seed)
+    if zygote is not None:
+        env[ENV] = zygote.spec
     return env
 
 

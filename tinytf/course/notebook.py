@@ -75,6 +75,10 @@ def kernel_config() -> Any:
     # the run is over when the last cell is: stop the kernel at once instead of asking it to shut down and
     # polling until it has (nbclient's "graceful" wait was 0.7-1 s a notebook; nothing of a run is left to save)
     c.NotebookClient.shutdown_kernel = "immediate"
+    from .kernels import zygote_for_this_process
+
+    if zygote_for_this_process():  # forked from a preloaded zygote (tinytf.course.kernels): no imports to wait for
+        c.NotebookClient.kernel_manager_class = "tinytf.course.kernels.ForkedKernelManager"  # a name: configs go to JSON
     return c
 
 
