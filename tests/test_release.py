@@ -107,8 +107,11 @@ def _run_untouched(path: Path) -> tuple[list, bool]:
     import nbformat
     from nbclient import NotebookClient
 
+    from tinytf.course.notebook import kernel_config
+
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True, config=kernel_config(),  # validate's kernels
+                            resources={"metadata": {"path": str(path.parent)}})
     probe = nbformat.v4.new_code_cell("print('kernel alive')")
     nb.cells.append(probe)
     with client.setup_kernel():

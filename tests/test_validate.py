@@ -89,8 +89,10 @@ def _run_in_kernel(path) -> str:
     import nbformat
     from nbclient import NotebookClient
 
+    from tinytf.course.notebook import kernel_config
+
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True, config=kernel_config(),
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     return "".join(o.get("text", "") for o in nb.cells[-1].outputs)
 
