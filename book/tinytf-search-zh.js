@@ -3,8 +3,8 @@
 // so the status line under the results was English. Added to Sphinx's own catalog, after translations.js.
 Documentation.addTranslations({
   messages: {
-    "Search finished, found one page matching the search query.": ["搜索完成，找到 1 个匹配的页面。"],
-    "Search finished, found ${resultCount} pages matching the search query.": ["搜索完成，找到 ${resultCount} 个匹配的页面。"],
+    // keyed by the singular message; Chinese has one plural form (plural_expr "0"), with the count in it
+    "Search finished, found one page matching the search query.": ["搜索完成，找到 ${resultCount} 个匹配的页面。"],
   },
   plural_expr: "0",
   locale: "zh_Hans_CN",
