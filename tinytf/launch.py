@@ -1,7 +1,10 @@
 """Run a function on N real processes — the way tests (spawn) and chapters (torchrun) start a job.
 
-:func:`run_processes` spawns ``world`` Python processes with ``torch.multiprocessing``, joins them
-into one gloo process group and returns what ``fn(rank, world, *args)`` returned on each rank.
+:func:`run_processes` starts ``world`` Python processes with ``torch.multiprocessing``, joins them
+into one gloo process group and returns what ``fn(rank, world, *args)`` returned on each rank. Where
+the platform has it, the processes come from multiprocessing's *forkserver*: a clean process started
+once per interpreter that has imported torch, forking each rank (a spawned rank would import torch
+anew, 1.5-3 s of CPU each, at every call); elsewhere they are spawned.
 :func:`torchrun` launches a worker script with ``torchrun --standalone --nproc-per-node N`` (the
 launcher users run; ``python -m torch.distributed.run`` when ``torchrun`` is not installed next to
 this Python) and reads each rank's result back from ``out_dir/rank{r}.pt``.
@@ -65,9 +68,19 @@ def _entry(rank: int, target: tuple[str, str], world: int, args: tuple, port: in
     torch.save(result, rank_result_path(out_dir, rank))
 
 
+def _start_method() -> str:
+    """``"forkserver"`` (its server preloads torch and this module once) where there is one, else ``"spawn"``."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", __name__])
+    return "forkserver"
+
+
 def run_processes(fn: Callable[..., Any], world: int = 2, *args: Any, backend: str = "gloo",
                   timeout_s: float = 120.0, threads: int = 1) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned processes; returns ``[result of rank 0, ...]``.
+    """Run ``fn(rank, world, *args)`` on ``world`` new processes; returns ``[result of rank 0, ...]``.
 
     ``fn`` must be a module-level function (the children import it by name); ``args`` and the results
     travel by pickling (tensors included). A rank that raises makes this raise with its traceback; a job
@@ -80,7 +93,7 @@ def run_processes(fn: Callable[..., Any], world: int = 2, *args: Any, backend: s
     with tempfile.TemporaryDirectory(prefix="tinytf-ranks-") as out_dir:
         ctx = mp.start_processes(
             _entry, args=((fn.__module__, fn.__qualname__), world, args, free_port(), backend, out_dir, list(sys.path), threads),
-            nprocs=world, join=False, start_method="spawn",
+            nprocs=world, join=False, start_method=_start_method(),
         )
         deadline = time.monotonic() + timeout_s
         try:
