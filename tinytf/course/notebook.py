@@ -154,6 +154,7 @@ def load_json(path: str | os.PathLike) -> Any:
 
 def read_notebook(path: str | os.PathLike) -> dict:
     """The notebook JSON as a dict; ValueError with a short reason when it is not a notebook."""
+    skip_slow_imports()  # also in a student's kernel (the self-check reads the notebook): 1.4-3.6 s there
     import nbformat
 
     try:
@@ -175,6 +176,7 @@ def dumps_notebook(nb: Any) -> str:
 
     Cell ids that are missing or duplicated are replaced by ``cell-NNN`` (position), never random.
     """
+    skip_slow_imports()
     import nbformat
 
     nb = json.loads(json.dumps(nb))  # plain dicts, a private copy

@@ -28,7 +28,7 @@ from .check_report import CellCheck, Report, format_report
 from .diagnosis import diagnose_json
 from .messages import say
 from .nbgrader_root import exercise_id
-from .notebook import cell_source, describe_cell, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook
+from .notebook import cell_source, describe_cell, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook, skip_slow_imports
 from .release import load_manifest
 from .released_tests import find_released, is_source, released_folder, restore_tests
 
@@ -66,6 +66,7 @@ def _mark_stopped(cell: Any, ran: float, timeout: int) -> None:
 
 def _execute(nb: dict, ex: str, cwd: Path, timeout: int, notebook_timeout: float) -> _Run:
     """Execute ``nb`` (allow_errors) then the diagnosis, noting each cell stopped for time."""
+    skip_slow_imports()
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
