@@ -3,8 +3,10 @@
 Builds STUDENTS correct submissions of every exercise (the released notebook with the solution
 regions filled in), then measures
 
-* ``own_s``: each notebook executed once, directly, with nbclient in a fresh kernel (kernel start
-  included) — the floor no grader can beat;
+* ``own_s``: each notebook executed once, directly, with nbclient in a fresh kernel (a new
+  interpreter, kernel start included, as a student's JupyterLab runs it) — the notebook's own run;
+* ``own_forked_s``: the same with the kernel forked from tinytf's kernel zygote (what validate and
+  the grader use) — the floor no grader can beat;
 * ``grade``: one ``tinytf.course.grade.grade`` run over all of them with ``--jobs JOBS``: wall time,
   the time per notebook (wall x jobs / notebooks), and its phases: building the course root,
   the sandboxes (per job: the whole sandboxed process and, from nbclient's cell timing
@@ -58,14 +60,18 @@ def build_submissions(dest: Path, students: int, exercises: list[str] | None) ->
     return one
 
 
-def own_run_seconds(path: Path) -> float:
-    """Seconds to execute ``path`` with nbclient in a fresh kernel (start included)."""
+def own_run_seconds(path: Path, forked: bool = False) -> float:
+    """Seconds to execute ``path`` with nbclient in a fresh kernel (start included): a new interpreter, or
+    with ``forked`` one forked from the kernel zygote (tinytf.course.kernels)."""
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
+    config = kernel_config()
+    if not forked:
+        config.NotebookClient.pop("kernel_manager_class", None)
     start = time.perf_counter()
-    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True, config=kernel_config(),
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True, config=config,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     return time.perf_counter() - start
 
@@ -172,6 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="tinytf-bench-subs-"))
     one = build_submissions(tmp / "subs", args.students, args.exercises)
     own = {} if args.skip_own else {ex: round(own_run_seconds(p), 2) for ex, p in sorted(one.items())}
+    own_forked = {} if args.skip_own else {ex: round(own_run_seconds(p, forked=True), 2) for ex, p in sorted(one.items())}
     if args.cold:
         shutil.rmtree(CACHE, ignore_errors=True)
     else:  # built before the clock starts: the one-time cost a class does not notice (--cold includes it)
@@ -182,12 +189,15 @@ def main(argv: list[str] | None = None) -> dict:
     anchor = None if args.skip_nbgrader else nbgrader_run(tmp / "subs", sorted(one))
     shutil.rmtree(tmp, ignore_errors=True)
     own_mean = sum(own.values()) / len(own) if own else None
+    forked_mean = sum(own_forked.values()) / len(own_forked) if own_forked else None
     report = {"conditions": {"cpus": os.cpu_count(), "loadavg_start": load_before, "loadavg_end": os.getloadavg(), "jobs": args.jobs,
                              "students": args.students, "exercises": sorted(one), "cold_course_roots": args.cold,
                              "python": sys.version.split()[0]},
-              "own_s": own, "own_mean_s": own_mean and round(own_mean, 2), "grade": run, "nbgrader": anchor}
+              "own_s": own, "own_mean_s": own_mean and round(own_mean, 2), "own_forked_s": own_forked,
+              "own_forked_mean_s": forked_mean and round(forked_mean, 2), "grade": run, "nbgrader": anchor}
     if own_mean:
         report["grade_over_own"] = round(run["per_notebook_s"] / own_mean, 2)
+        report["grade_over_own_forked"] = round(run["per_notebook_s"] / forked_mean, 2)
         if anchor:
             report["nbgrader_over_own"] = round(anchor["per_notebook_s"] / own_mean, 2)
     out = Path(args.out)
@@ -200,7 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"nbgrader autograde: {anchor['per_notebook_s']} s per notebook ({anchor['graded']}/{anchor['notebooks']} graded)")
     if own_mean:
         print(f"per notebook over its own run: tinytf grade {report['grade_over_own']}x"
-              + (f", nbgrader autograde {report['nbgrader_over_own']}x" if anchor else ""))
+              + (f", nbgrader autograde {report['nbgrader_over_own']}x" if anchor else "")
+              + f"; over its own run in a forked kernel ({report['own_forked_mean_s']} s): {report['grade_over_own_forked']}x")
     return report
 
 
