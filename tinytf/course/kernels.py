@@ -26,10 +26,11 @@ import tempfile
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
-__all__ = ["ENV", "Zygote", "shared_zygote", "zygote_for_this_process", "ForkedKernelManager", "forked_command"]
+__all__ = ["ENV", "Zygote", "shared_zygote", "zygote_for_this_process", "ForkedKernelManager", "forked_command", "end_server"]
 
 ENV = "TINYTF_KERNEL_ZYGOTE"
 _HERE = Path(__file__).resolve().parent
@@ -58,14 +59,21 @@ class Zygote:
 
     def stop(self) -> None:
         """End the zygote and every kernel it made."""
-        try:
-            os.close(self._lifeline)
-        except OSError:
-            pass
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
+        end_server(self._proc, self._lifeline)
+
+
+def end_server(proc: subprocess.Popen, lifeline: Any) -> None:
+    """End a server that runs until its ``lifeline`` (a file or a descriptor) closes: close it, wait up to
+    10 s for ``proc`` to exit, else kill it (the zygote here, the fork server of :mod:`tinytf.course.sandbox`)."""
+    try:
+        lifeline.close() if hasattr(lifeline, "close") else os.close(lifeline)
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def shared_zygote(env: dict[str, str] | None = None) -> Zygote | None:

@@ -184,13 +184,7 @@ class ForkServer:
 
     def close(self) -> None:
         """End the server (its jobs have ended: :meth:`run` waits for each)."""
-        try:
-            self._proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        from .kernels import end_server
+
+        end_server(self._proc, self._proc.stdin)
 
