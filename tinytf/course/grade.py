@@ -43,6 +43,7 @@ from .finish import CellSpec, classify_test_cell, grade_specs
 from .finishers import Finishers
 from .finishers import finish_all as _finish_all  # looked up here at call time: benchmarks/grading.py wraps it
 from .gradebook import STATUSES, CellResult, ExerciseResult, aggregate, summary_text, whole, write_gradebook
+from .kernels import with_zygote
 from .nbgrader_root import REPO, cached_course_root, ensure_tool_path, find_notebooks, nbgrader_config
 from .notebook import cells_by_id, load_json, read_notebook, write_atomic
 from .sandbox import ForkServer, Limits, run_limited
@@ -150,11 +151,6 @@ def _base_env() -> dict[str, str]:
     env.update(TINYTF_HEADLESS="1", MPLBACKEND="Agg", TINYTF_DEVICE="cpu", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1", MALLOC_ARENA_MAX="2", PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0",
                PYDEVD_DISABLE_FILE_VALIDATION="1")
-    from .kernels import ENV, shared_zygote
-
-    zygote = shared_zygote(env) if env.get(ENV) != "off" else None  # every job's kernel forks from it (same hash seed)
-    if zygote is not None:
-        env[ENV] = zygote.spec
     return env
 
 
@@ -259,7 +255,7 @@ def grade(
     work = Path(tempfile.mkdtemp(prefix="tinytf-grade-"))
     servers: list[ForkServer] = []
     try:
-        env, jobs = _base_env(), max(1, int(jobs))
+        env, jobs = with_zygote(_base_env()), max(1, int(jobs))  # every job's kernel forks from that zygote
         servers = [ForkServer(_PRELOAD, env) for _ in range(min(jobs, len(students) * len(sols)))]  # importing meanwhile
         courses, names, specs, known = _setup(Path(solutions), editions, work, released)
         limit = float(notebook_timeout) if notebook_timeout else max(120.0, 4.0 * timeout)

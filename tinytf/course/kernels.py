@@ -30,7 +30,8 @@ from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
-__all__ = ["ENV", "Zygote", "shared_zygote", "zygote_for_this_process", "ForkedKernelManager", "forked_command", "end_server"]
+__all__ = ["ENV", "Zygote", "shared_zygote", "with_zygote", "zygote_for_this_process", "ForkedKernelManager", "forked_command",
+           "end_server"]
 
 ENV = "TINYTF_KERNEL_ZYGOTE"
 _HERE = Path(__file__).resolve().parent
@@ -88,6 +89,13 @@ def shared_zygote(env: dict[str, str] | None = None) -> Zygote | None:
                 return None
             atexit.register(_OWNED[seed].stop)
         return _OWNED[seed]
+
+
+def with_zygote(env: dict[str, str]) -> dict[str, str]:
+    """``env`` naming this process's zygote for kernels run with it (same hash seed) in ``TINYTF_KERNEL_ZYGOTE``;
+    ``env`` as it is when that says ``off`` or no zygote can start."""
+    zygote = shared_zygote(env) if env.get(ENV) != "off" else None
+    return dict(env, **{ENV: zygote.spec}) if zygote is not None else env
 
 
 def _usable(spec: str) -> str | None:
