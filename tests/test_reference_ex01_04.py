@@ -181,7 +181,10 @@ def test_ex01_judges_reject_wrong_answers(reference_runs):
     assert f"scores_by_hand(q, k) differs from q @ kᵀ / sqrt(d): for q {list(q.shape)}, k {list(k.shape)} should be {list(want.shape)} " \
            f"starting [{float(want.reshape(-1)[0]):.4g}, " in msg, msg  # which output, which inputs, the correct shape and first entries
     d = q.size(-1)
-    assert " — exactly " in msg and msg.endswith(f" of the right value: divided by d = {d} instead of sqrt(d)"), msg  # the ratio named
+    root = math.isqrt(d)  # the hidden test draws d afresh: 1/sqrt(d) is "half" for d = 4, "1/3 of" for 9, "1/sqrt(8) = …" for 8
+    ratio = ("half the right value" if d == 4 else f"1/{root} of the right value" if root * root == d
+             else f"1/sqrt({d}) = 1/{math.sqrt(d):.3g} of the right value")
+    assert msg.endswith(f" — exactly {ratio}: divided by d = {d} instead of sqrt(d)"), msg  # the ratio named
     R.rejects("ex01_scores", r["value"][..., :1], r["inputs"])  # wrong shape
     R.rejects("ex01_scores", "not a tensor", r["inputs"])
     r = rec["ex01_softmax"]
