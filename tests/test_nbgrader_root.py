@@ -64,3 +64,23 @@ def test_a_folders_matplotlibrc_goes_with_each_assignment_and_into_the_key(tmp_p
     root = cached_course_root(tmp_path / "solutions", ["ex90"], "en", cache=tmp_path / "cache")
     for stage in ("source", "release"):  # nbgrader hands an assignment's other files to the students with it
         assert (root / stage / "ex90" / "matplotlibrc").read_text(encoding="utf-8") == "font.family: sans-serif\n", stage
+
+
+def test_a_new_gradebook_records_the_schema_version_alembic_itself_reports(tmp_path):
+    """nbgrader stamps a new gradebook with ``alembic heads`` (a subprocess each time); tinytf answers in process:
+    the stamp must be exactly what alembic prints, so nbgrader's own ``nbgrader db upgrade`` still sees a current db."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from nbgrader.dbutil import _temp_alembic_ini
+
+    from tinytf.course.nbgrader_root import alembic_head
+
+    with _temp_alembic_ini(f"sqlite:///{tmp_path / 'probe.db'}") as ini:
+        printed = subprocess.check_output([sys.executable, "-m", "alembic", "-c", ini, "heads"], text=True)
+    assert printed.split()[0] == alembic_head()
+    K.toy_solution(tmp_path / "solutions")
+    root = cached_course_root(tmp_path / "solutions", ["ex90"], "en", cache=tmp_path / "cache")
+    with sqlite3.connect(root / "gradebook.db") as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(alembic_head(),)]

@@ -21,6 +21,7 @@ helpers (reading, deterministic writing, cell metadata) are in :mod:`tinytf.cour
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -92,6 +93,19 @@ def ensure_tool_path() -> None:
         os.environ["PATH"] = os.pathsep.join([bindir, *parts])
 
 
+@functools.cache
+def alembic_head() -> str:
+    """The newest revision of nbgrader's gradebook schema (what ``alembic heads`` prints), read from the
+    migration scripts nbgrader ships, in this process (0.1 s instead of a 4 s ``alembic`` subprocess)."""
+    import nbgrader
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(nbgrader.__file__).parent / "alembic"))
+    return ScriptDirectory.from_config(config).get_current_head()
+
+
 # what nbgrader writes where a solution was: the code is the same in both editions, the words are not
 _STUBS = {
     "en": ("# YOUR CODE HERE\nraise NotImplementedError()", "YOUR ANSWER HERE"),
@@ -133,7 +147,11 @@ def api(root: str | os.PathLike, **config_kwargs: Any):
     import logging
 
     ensure_tool_path()
+    import nbgrader.api
     from nbgrader.apps import NbGraderAPI
+
+    # a new gradebook asks `alembic heads` for a constant in a new interpreter (4 s, every course root and release)
+    nbgrader.api.get_alembic_version = alembic_head
 
     (Path(root) / "exchange").mkdir(parents=True, exist_ok=True)
     a = NbGraderAPI(config=nbgrader_config(root, **config_kwargs))
