@@ -4,10 +4,11 @@ to what they are built from — a cache may never hide an edited solution."""
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import _coursekit as K
 
-from tinytf.course.nbgrader_root import cached_course_root, course_root_key, find_notebooks
+from tinytf.course.nbgrader_root import alembic_head, cached_course_root, course_root_key, find_notebooks
 
 
 def _edit_solution(path, old: str, new: str) -> None:
@@ -24,6 +25,8 @@ def test_a_cached_root_is_reused_until_a_solution_changes(tmp_path):
     first = cached_course_root(sols, ["ex90"], "en", cache=cache)
     db = first / "gradebook.db"
     assert db.is_file() and (first / "release" / "ex90" / "ex90_toy.ipynb").is_file()
+    with sqlite3.connect(db) as con:  # stamped in process with what `alembic heads` prints (the test below)
+        assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(alembic_head(),)]
     built = db.stat().st_mtime_ns
     again = cached_course_root(sols, ["ex90"], "en", cache=cache)
     assert again == first and db.stat().st_mtime_ns == built, "the same inputs reuse the root as it is"
@@ -66,21 +69,16 @@ def test_a_folders_matplotlibrc_goes_with_each_assignment_and_into_the_key(tmp_p
         assert (root / stage / "ex90" / "matplotlibrc").read_text(encoding="utf-8") == "font.family: sans-serif\n", stage
 
 
-def test_a_new_gradebook_records_the_schema_version_alembic_itself_reports(tmp_path):
-    """nbgrader stamps a new gradebook with ``alembic heads`` (a subprocess each time); tinytf answers in process:
-    the stamp must be exactly what alembic prints, so nbgrader's own ``nbgrader db upgrade`` still sees a current db."""
-    import sqlite3
+
+def test_a_new_gradebook_is_stamped_with_the_schema_version_alembic_itself_reports(tmp_path):
+    """nbgrader stamps a new gradebook with ``alembic heads`` (a subprocess each time); tinytf answers in process
+    (the stamp of a course root: test_a_cached_root_is_reused_until_a_solution_changes). It must be exactly what
+    alembic prints, so nbgrader's own ``nbgrader db upgrade`` still sees a current gradebook."""
     import subprocess
     import sys
 
     from nbgrader.dbutil import _temp_alembic_ini
 
-    from tinytf.course.nbgrader_root import alembic_head
-
     with _temp_alembic_ini(f"sqlite:///{tmp_path / 'probe.db'}") as ini:
         printed = subprocess.check_output([sys.executable, "-m", "alembic", "-c", ini, "heads"], text=True)
     assert printed.split()[0] == alembic_head()
-    K.toy_solution(tmp_path / "solutions")
-    root = cached_course_root(tmp_path / "solutions", ["ex90"], "en", cache=tmp_path / "cache")
-    with sqlite3.connect(root / "gradebook.db") as db:
-        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(alembic_head(),)]
