@@ -132,8 +132,9 @@ test-cuda: $(SETUP) ## unit tests + every notebook on the GPU (TINYTF_DEVICE=cud
 	TINYTF_DEVICE=cuda $(PYTHON) -m pytest -q $(XDIST) -m "not ui and not book" --ignore=tests/ui tests
 	$(MAKE) --no-print-directory notebooks DEVICE=cuda PYTHON=$(PYTHON)
 
+# the browser tests wait on Lab, kernel and browser a third of the time: two at once (each its own server and port)
 test-ui: $(SETUP) ## real-browser test: JupyterLab + Chromium (Playwright) drive chapter 01's attention explorer
-	env -u TINYTF_HEADLESS $(PYTHON) -m pytest -q -p no:cacheprovider -m ui tests/ui
+	env -u TINYTF_HEADLESS $(PYTHON) -m pytest -q -p no:cacheprovider $(if $(XDIST),-n $(JOBS) --dist load) -m ui tests/ui
 
 book: $(SETUP) ## two books, build/book/en/ and build/book/zh/: every chapter executed (reusing build/executed/), offline
 	$(PYTHON) -m tinytf.course.book --jobs $(JOBS)
