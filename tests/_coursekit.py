@@ -232,9 +232,12 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
     rel1, sol1 = load(exercises / name1), load(solutions / name1)
     good = solved(rel1, sol1)
     good7 = solved(load(exercises / name7), load(solutions / name7))
-    loops = every_solution_cell(good, "while True:\n    pass")
+    # the limits are wall-clock limits: this student's loops wait rather than spin (e_loop spins), so the 45 s they
+    # take until the whole-notebook limit stops them do not take a core from every other test running meanwhile
+    idle_loop = "import time\nwhile True:\n    time.sleep(0.05)"
+    loops = every_solution_cell(good, idle_loop)
     for i in range(8):  # students may add cells too: an infinite loop in every one of them
-        loops = add_cell(loops, "while True:\n    pass", index=len(loops["cells"]) - 2 - i)
+        loops = add_cell(loops, idle_loop, index=len(loops["cells"]) - 2 - i)
     cases: dict[str, tuple[Any, str, float]] = {
         "a_correct": (good, "needs-manual-grade", 12),  # every autograded point; the written answer waits
         "b_untouched": (rel1, "error", 0),
