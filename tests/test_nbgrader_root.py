@@ -69,7 +69,6 @@ def test_a_folders_matplotlibrc_goes_with_each_assignment_and_into_the_key(tmp_p
         assert (root / stage / "ex90" / "matplotlibrc").read_text(encoding="utf-8") == "font.family: sans-serif\n", stage
 
 
-
 def test_a_new_gradebook_is_stamped_with_the_schema_version_alembic_itself_reports(tmp_path):
     """nbgrader stamps a new gradebook with ``alembic heads`` (a subprocess each time); tinytf answers in process
     (the stamp of a course root: test_a_cached_root_is_reused_until_a_solution_changes). It must be exactly what
@@ -77,8 +76,9 @@ def test_a_new_gradebook_is_stamped_with_the_schema_version_alembic_itself_repor
     import subprocess
     import sys
 
-    from nbgrader.dbutil import _temp_alembic_ini
+    from nbgrader.dbutil import write_alembic_ini
 
-    with _temp_alembic_ini(f"sqlite:///{tmp_path / 'probe.db'}") as ini:
-        printed = subprocess.check_output([sys.executable, "-m", "alembic", "-c", ini, "heads"], text=True)
+    ini = tmp_path / "alembic.ini"  # nbgrader's own alembic.ini, as its `alembic heads` call writes it
+    write_alembic_ini(str(ini), f"sqlite:///{tmp_path / 'probe.db'}")
+    printed = subprocess.check_output([sys.executable, "-m", "alembic", "-c", str(ini), "heads"], text=True)
     assert printed.split()[0] == alembic_head()
