@@ -52,12 +52,17 @@ def test_without_a_cjk_font_one_message_and_code_point_labels(monkeypatch, capsy
     monkeypatch.setattr(fonts, "_state", {"font": None})
     labels, glyph_warnings = _draw(SENTENCE)
     labels_again, _ = _draw("你好")
+    fig = att.attention_figure(SENTENCE, mask="causal")
+    chrome = [fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel(), fig.axes[0].get_title(), fig.axes[1].get_ylabel()]
+    plt.close(fig)
     out = capsys.readouterr().out
     message = fonts.NO_FONT_MESSAGE_ZH if lang == "zh" else fonts.NO_FONT_MESSAGE
     assert "fonts-noto-cjk" in message and out.count(message) == 1, "the install hint, in the notebook's language, once"
     assert labels == [f"U+{ord(c):04X}" for c in SENTENCE] and len(set(labels)) == len(SENTENCE)
     assert labels_again == ["U+4F60", "U+597D"]
-    assert not glyph_warnings, "code points need no CJK glyph"
+    assert not glyph_warnings, "code points and English labels need no CJK glyph"
+    assert chrome[:2] == ["key (attended to)", "query (attending)"] and chrome[2].startswith("head 0 of 2 · mask: causal")
+    assert chrome[3] == "weight (each row sums to 1)" and not any(fonts.has_cjk(c) for c in chrome), chrome
 
 
 def test_english_figures_leave_the_fonts_alone(monkeypatch):

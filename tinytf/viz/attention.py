@@ -53,7 +53,7 @@ def _labelled(options: tuple[str, ...]) -> list[tuple[str, str]]:
 class _Heatmap:
     """The artists :func:`update_attention_figure` changes, and the structure they were built for."""
 
-    key: tuple  # (tokens, annotate): another value needs another figure
+    key: tuple  # (tokens, annotate, lang) — see _structure
     image: Any
     title: Any
     cells: CellLabels | None  # the numbers in the cells (annotate) or None
@@ -72,23 +72,34 @@ def _heatmap_data(head: int, heads: int, annotate: bool | None, options: dict[st
         raise ValueError(_("head must lie in [0, {value}] for heads={heads}, got {head}").format(value=heads - 1, heads=heads, head=head))
     tokens, weights, allowed, scale = explorer_weights(heads=heads, **options)
     t, scaling, temperature = len(tokens), options["scaling"], options["temperature"]
+    # a Chinese font when the tokens or the labels need one; without it, code points and English labels
+    cjk_ok = use_cjk_font([*tokens, _("key (attended to)")])
+    lang = None if cjk_ok else "en"
     scale_txt = {"1/sqrt(d)": f"1/sqrt({DIM // heads})", "none": "1"}.get(scaling, f"1/({temperature:g}·sqrt({DIM // heads}))")
     return {
         "tokens": tuple(tokens),
+        "labels": tuple(displayable(w, cjk_ok) for w in tokens),
+        "lang": lang,  # the labels' language: None is the notebook's
         "w": weights[head].numpy(),  # [T, T]
         "blocked": ~allowed.numpy(),  # [T, T]
         "annotate": t <= 12 if annotate is None else annotate,
-        "title": _("head {head} of {heads} · mask: {mask} · scale {scale_txt} = {scale:.3f}").format(head=head, heads=heads,
-            mask=_(_OPTION_LABELS.get(options["mask"], options["mask"])), scale_txt=scale_txt, scale=scale),
+        "title": _("head {head} of {heads} · mask: {mask} · scale {scale_txt} = {scale:.3f}", lang).format(head=head,
+            heads=heads, mask=_(_OPTION_LABELS.get(options["mask"], options["mask"]), lang), scale_txt=scale_txt, scale=scale),
     }
 
 
-def _heatmap_layout(tokens: tuple[str, ...], annotate: bool) -> tuple[Any, _Heatmap]:
-    """The figure for ``tokens``: axes, tick labels, colour bar, an empty image and title."""
+def _structure(data: dict[str, Any]) -> tuple:
+    """What a figure's artists were built for: another value needs another figure."""
+    return data["tokens"], data["annotate"], data["lang"]
+
+
+def _heatmap_layout(data: dict[str, Any]) -> tuple[Any, _Heatmap]:
+    """The figure for ``data``'s tokens: axes, tick labels, colour bar, an empty image and title."""
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.patches import Rectangle
 
+    tokens, annotate = data["tokens"], data["annotate"]
     t = len(tokens)
     size = 2.2 + 0.42 * t
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
@@ -99,15 +110,14 @@ def _heatmap_layout(tokens: tuple[str, ...], annotate: bool) -> tuple[Any, _Heat
     for patch in hatches:
         ax.add_artist(patch)  # add_artist, not add_patch: the image already fixed the limits
     cells = CellLabels(ax, (t, t), fontsize=7) if annotate else None  # over the hatches, as ax.text was
-    cjk_ok = use_cjk_font(tokens)  # a Chinese font when the tokens need one (else code points)
-    labels = [displayable(w, cjk_ok) for w in tokens]
+    labels, lang = data["labels"], data["lang"]
     ax.set_xticks(range(t), labels, rotation=60, ha="right")
     ax.set_yticks(range(t), labels)
-    ax.set_xlabel(_("key (attended to)"))
-    ax.set_ylabel(_("query (attending)"))
+    ax.set_xlabel(_("key (attended to)", lang))
+    ax.set_ylabel(_("query (attending)", lang))
     title = ax.set_title("", fontsize=9, y=1.0)  # y given: no per-draw title placement
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=_("weight (each row sums to 1)"))
-    return fig, _Heatmap((tokens, annotate), im, title, cells, hatches)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=_("weight (each row sums to 1)", lang))
+    return fig, _Heatmap(_structure(data), im, title, cells, hatches)
 
 
 def _heatmap_fill(parts: _Heatmap, data: dict[str, Any]) -> None:
@@ -148,7 +158,7 @@ def attention_figure(
     options = dict(sentence=sentence, tokenizer=tokenizer, mask=mask, scaling=scaling, temperature=temperature,
                    pad_to=pad_to, pad_side=pad_side, seed=seed)
     data = _heatmap_data(head, heads, annotate, options)
-    fig, parts = _heatmap_layout(data["tokens"], data["annotate"])
+    fig, parts = _heatmap_layout(data)
     _heatmap_fill(parts, data)
     fig.tight_layout()
     return remember(fig, parts)
@@ -166,7 +176,7 @@ def update_attention_figure(fig: Any, sentence: str = "the cat sat on the mat", 
     options = {"tokenizer": "auto", "mask": "causal", "scaling": "1/sqrt(d)", "temperature": 1.0, "pad_to": None,
                "pad_side": "right", "seed": 0} | options | {"sentence": sentence}
     data = _heatmap_data(head, heads, annotate, options)
-    if not isinstance(parts, _Heatmap) or parts.key != (data["tokens"], data["annotate"]):
+    if not isinstance(parts, _Heatmap) or parts.key != _structure(data):
         return False
     _heatmap_fill(parts, data)
     return True

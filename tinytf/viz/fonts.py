@@ -4,7 +4,8 @@ matplotlib's default font (DejaVu Sans) has no Chinese glyphs: a token such as `
 as an empty box ("tofu") with a "Glyph missing" warning. :func:`use_cjk_font` puts the first
 installed CJK font in front of the sans-serif list (Latin text keeps its usual look); where none is
 installed it prints one message saying how to install one, and :func:`displayable` spells Chinese
-characters as code points (``U+732B``) so every label still names a different token.
+characters as code points (``U+732B``) so every label still names a different token (the explorer
+then writes its axis labels and title in English, which needs no CJK glyph either).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ CJK_FONTS = (
     "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "PingFang SC", "Heiti SC", "Microsoft YaHei", "SimHei",
 )
 NO_FONT_MESSAGE = (
-    "No Chinese (CJK) font is installed, so Chinese labels are shown as code points (U+732B). "
+    "No Chinese (CJK) font is installed, so the explorer shows Chinese tokens as code points (U+732B) "
+    "and its labels in English. "
     "Install one and restart the kernel: Debian/Ubuntu `sudo apt-get install fonts-noto-cjk`; "
     "Fedora `sudo dnf install google-noto-sans-cjk-fonts`; macOS and Windows already have one."
 )
 NO_FONT_MESSAGE_ZH = (
-    "没有找到中文字体，图中的中文暂以码位（如 U+732B）显示。安装一个中文字体后重启内核即可："
+    "没有找到中文字体，注意力探索器中的中文 token 暂以码位（如 U+732B）显示，图中的标注暂用英文。安装一个中文字体后重启内核即可："
     "Debian/Ubuntu 运行 `sudo apt-get install fonts-noto-cjk`，Fedora 运行 "
     "`sudo dnf install google-noto-sans-cjk-fonts`；macOS 和 Windows 自带中文字体。"
 )
