@@ -33,6 +33,7 @@ def _forked_manager() -> dict:
 
 def main(argv: list[str]) -> int:
     src, out, cwd, device, kernel, timeout = argv
+    sys.modules.setdefault("rfc3987_syntax", None)  # 1.5-2 s of Lark grammars per run: see tinytf.course.notebook.skip_slow_imports
     import papermill
 
     logging.getLogger("papermill").setLevel(logging.WARNING)
