@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from queue import Empty
 
 import nbformat
 import pytest
@@ -136,3 +137,79 @@ def test_the_zygote_ends_with_the_process_that_started_it(tmp_path):
     owner.kill()
     owner.wait()
     assert _gone(int(pid)), "the zygote sees its owner's lifeline end and exits"
+
+
+def test_kernels_are_ready_at_once_and_the_first_cell_s_output_arrives(tmp_path):
+    """Each kernel's client is a ReadyKernelClient (ready on the kernel's idle status, not after timers),
+    and the first cell of a fresh kernel loses no output: IOPub was connected when it said ready."""
+    km = kernels.ForkedKernelManager()
+    assert km.client_factory is kernels.ReadyKernelClient
+    for k in range(4):
+        assert _run([f"print('first {k}')", "print('second')"], tmp_path) == [f"first {k}", "second"]
+
+
+def _status(parent: str, state: str) -> dict:
+    return {"msg_type": "status", "content": {"execution_state": state}, "parent_header": {"msg_id": parent}}
+
+
+def _reply(parent: str, protocol: str = "5.4") -> dict:
+    return {"msg_type": "kernel_info_reply", "content": {"protocol_version": protocol}, "parent_header": {"msg_id": parent}}
+
+
+class _Channel:
+    """A channel holding scripted messages; empty, it says so at once (nothing here waits on a clock)."""
+
+    def __init__(self) -> None:
+        self.queue: list[dict] = []
+
+    async def get_msg(self, timeout: float | None = None) -> dict:
+        if not self.queue:
+            raise Empty
+        return self.queue.pop(0)
+
+
+class _ScriptedClient(kernels.ReadyKernelClient):
+    """``script[n]`` says what the kernel answers to the n-th kernel_info request: shell and IOPub messages."""
+
+    shell_channel = None  # plain attributes here, in place of jupyter_client's channel properties
+    iopub_channel = None
+
+    def __init__(self, script, alive: bool = True) -> None:
+        super().__init__()
+        self.shell_channel, self.iopub_channel, self.script, self.alive, self.sent = _Channel(), _Channel(), script, alive, []
+
+    def kernel_info(self) -> str:
+        msg_id = f"info-{len(self.sent)}"
+        self.sent.append(msg_id)
+        shell, iopub = self.script(msg_id, len(self.sent)) if self.alive else ([], [])
+        self.shell_channel.queue += shell
+        self.iopub_channel.queue += iopub
+        return msg_id
+
+    async def is_alive(self) -> bool:
+        return self.alive
+
+
+def test_ready_client_sends_again_when_iopub_missed_the_idle_and_drains_what_came_before():
+    def iopub_late(msg_id, n):  # the first request's IOPub messages are lost (IOPub not connected yet)
+        start = [{"msg_type": "stream", "content": {"text": "start-up"}, "parent_header": {}}]
+        return [_reply(msg_id)], ([] if n == 1 else start + [_status(msg_id, "busy"), _status(msg_id, "idle")])
+
+    client = _ScriptedClient(iopub_late)
+    asyncio.run(client.wait_for_ready(timeout=30))
+    assert client.sent == ["info-0", "info-1"], "one request more, after the lost idle"
+    assert client.iopub_channel.queue == [] and client.shell_channel.queue == [], "nothing of the start-up is left to read"
+
+
+def test_ready_client_ready_on_the_first_idle_and_adapts_to_an_older_protocol():
+    client = _ScriptedClient(lambda msg_id, n: ([_reply(msg_id, "4.1")], [_status(msg_id, "busy"), _status(msg_id, "idle")]))
+    asyncio.run(client.wait_for_ready(timeout=30))
+    assert client.sent == ["info-0"] and client.session.adapt_version == 4
+
+
+def test_ready_client_ignores_another_request_s_idle_and_reports_a_dead_kernel():
+    stranger = _ScriptedClient(lambda msg_id, n: ([_reply(msg_id)], [_status("someone-else" if n < 3 else msg_id, "idle")]))
+    asyncio.run(stranger.wait_for_ready(timeout=30))
+    assert len(stranger.sent) == 3, "an idle status of another request is no proof of this one"
+    with pytest.raises(RuntimeError, match="died"):
+        asyncio.run(_ScriptedClient(lambda msg_id, n: ([], []), alive=False).wait_for_ready(timeout=30))

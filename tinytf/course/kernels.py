@@ -7,7 +7,9 @@ of the cost of running the small notebooks of the exercises. A :class:`Zygote`
 (:mod:`tinytf.course.kernel_zygote`) imports them once, runs nothing, and forks each kernel from that
 clean state; :class:`ForkedKernelManager` launches :mod:`tinytf.course.kernel_client` in place of the
 kernel, which stands in for it (signals, exit code, lifetime), so nbclient, nbgrader and papermill see
-an ordinary kernel. The kernel takes the client's environment, folder and resource limits.
+an ordinary kernel. The kernel takes the client's environment, folder and resource limits. Its client
+(:class:`ReadyKernelClient`) starts work when the kernel says it is ready, not after jupyter_client's
+timers (0.2-0.6 s a kernel), and its manager notices a killed kernel's exit within milliseconds.
 
 A zygote belongs to the process that started it and ends with it. Its address travels to child
 processes in ``TINYTF_KERNEL_ZYGOTE`` (JSON: interpreter, socket, hash seed); a kernel is forked only
@@ -24,14 +26,19 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
+from jupyter_client import protocol_version
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
+from traitlets import default
 
-__all__ = ["ENV", "Zygote", "shared_zygote", "with_zygote", "zygote_for_this_process", "ForkedKernelManager", "forked_command",
-           "end_server"]
+__all__ = ["ENV", "Zygote", "shared_zygote", "with_zygote", "zygote_for_this_process", "ForkedKernelManager", "ReadyKernelClient",
+           "forked_command", "end_server"]
 
 ENV = "TINYTF_KERNEL_ZYGOTE"
 _HERE = Path(__file__).resolve().parent
@@ -130,8 +137,71 @@ def forked_command(cmd: list[str], socket: str) -> list[str]:
     return cmd
 
 
+class ReadyKernelClient(AsyncKernelClient):
+    """An :class:`~jupyter_client.asynchronous.AsyncKernelClient` that knows the kernel is ready when it says so.
+
+    jupyter_client's ``wait_for_ready`` reads the ``kernel_info`` reply, then one IOPub message (0.2 s
+    to wait for it, else it starts over), then reads IOPub until it has been quiet for 0.2 s: every
+    kernel start waits 0.2-0.6 s on timers. Here the wait ends on the kernel's ``idle`` status for a
+    ``kernel_info`` request, on IOPub: IOPub is connected, and everything published before it (the
+    request's ``busy``, any start-up output) has been read. The first reply usually comes before IOPub
+    has connected (ZeroMQ retries a connection every 0.1 s), so its ``idle`` is lost: a request whose
+    reply does not come within 1 s, or its ``idle`` within 0.05 s after it, is sent again (any one's
+    ``idle`` will do).
+    """
+
+    async def wait_for_ready(self, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
+        sent: set[str] = set()
+        while True:
+            sent.add(self.kernel_info())
+            replied = await self._kernel_info_reply(sent, min(time.monotonic() + 1.0, deadline))  # jupyter_client: 1 s
+            if replied and await self._idle(sent, min(time.monotonic() + 0.05, deadline)):
+                return
+            if not await self.is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout:g} seconds")
+
+    async def _kernel_info_reply(self, sent: set[str], until: float) -> bool:
+        """Read the shell channel until the reply to one of ``sent`` (True) or ``until`` passes (False)."""
+        while (left := until - time.monotonic()) > 0:
+            try:
+                msg = await self.shell_channel.get_msg(timeout=left)
+            except Empty:
+                return False
+            if msg["msg_type"] == "kernel_info_reply" and msg["parent_header"].get("msg_id") in sent:
+                major = int(msg["content"].get("protocol_version", protocol_version).split(".")[0])
+                if major != int(protocol_version.split(".")[0]):
+                    self.session.adapt_version = major  # as jupyter_client does for an older kernel
+                return True
+        return False
+
+    async def _idle(self, sent: set[str], until: float) -> bool:
+        """Read IOPub until the ``idle`` status of one of ``sent`` (True) or ``until`` passes (False)."""
+        while (left := until - time.monotonic()) > 0:
+            try:
+                msg = await self.iopub_channel.get_msg(timeout=left)
+            except Empty:
+                return False
+            if (msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle"
+                    and msg["parent_header"].get("msg_id") in sent):
+                return True
+        return False
+
+
 class ForkedKernelManager(AsyncKernelManager):
-    """An :class:`~jupyter_client.manager.AsyncKernelManager` whose kernels are forked from the zygote."""
+    """An :class:`~jupyter_client.manager.AsyncKernelManager` whose kernels are forked from the zygote
+    (and whose clients are :class:`ReadyKernelClient`)."""
+
+    @default("client_factory")
+    def _ready_client(self) -> type:
+        return ReadyKernelClient
+
+    async def _async_wait(self, pollinterval: float = 0.1) -> None:
+        # jupyter_client's wait for a killed kernel to exit, which polls every 0.1 s: a forked kernel's stand-in
+        # exits within milliseconds of the kill, so poll every 5 ms (at most 5 s: the caller's timeout)
+        await super()._async_wait(pollinterval=min(pollinterval, 0.005))
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         cmd = super().format_kernel_cmd(extra_arguments)
