@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from queue import Empty
 from typing import Any
@@ -165,29 +166,30 @@ class ReadyKernelClient(AsyncKernelClient):
 
     async def _kernel_info_reply(self, sent: set[str], until: float) -> bool:
         """Read the shell channel until the reply to one of ``sent`` (True) or ``until`` passes (False)."""
-        while (left := until - time.monotonic()) > 0:
-            try:
-                msg = await self.shell_channel.get_msg(timeout=left)
-            except Empty:
-                return False
-            if msg["msg_type"] == "kernel_info_reply" and msg["parent_header"].get("msg_id") in sent:
-                major = int(msg["content"].get("protocol_version", protocol_version).split(".")[0])
-                if major != int(protocol_version.split(".")[0]):
-                    self.session.adapt_version = major  # as jupyter_client does for an older kernel
-                return True
-        return False
+        msg = await _first(self.shell_channel, until,
+                           lambda m: m["msg_type"] == "kernel_info_reply" and m["parent_header"].get("msg_id") in sent)
+        if msg is not None:
+            major = int(msg["content"].get("protocol_version", protocol_version).split(".")[0])
+            if major != int(protocol_version.split(".")[0]):
+                self.session.adapt_version = major  # as jupyter_client does for an older kernel
+        return msg is not None
 
     async def _idle(self, sent: set[str], until: float) -> bool:
         """Read IOPub until the ``idle`` status of one of ``sent`` (True) or ``until`` passes (False)."""
-        while (left := until - time.monotonic()) > 0:
-            try:
-                msg = await self.iopub_channel.get_msg(timeout=left)
-            except Empty:
-                return False
-            if (msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle"
-                    and msg["parent_header"].get("msg_id") in sent):
-                return True
-        return False
+        return await _first(self.iopub_channel, until, lambda m: m["msg_type"] == "status" and m["parent_header"].get(
+            "msg_id") in sent and m["content"].get("execution_state") == "idle") is not None
+
+
+async def _first(channel: Any, until: float, wanted: Callable[[dict], bool]) -> dict | None:
+    """The first message of ``channel`` that is ``wanted`` (those before it are read and dropped), or None at ``until``."""
+    while (left := until - time.monotonic()) > 0:
+        try:
+            msg = await channel.get_msg(timeout=left)
+        except Empty:
+            return None
+        if wanted(msg):
+            return msg
+    return None
 
 
 class ForkedKernelManager(AsyncKernelManager):
