@@ -176,8 +176,11 @@ class ReadyKernelClient(AsyncKernelClient):
 
     async def _idle(self, sent: set[str], until: float) -> bool:
         """Read IOPub until the ``idle`` status of one of ``sent`` (True) or ``until`` passes (False)."""
-        return await _first(self.iopub_channel, until, lambda m: m["msg_type"] == "status" and m["parent_header"].get(
-            "msg_id") in sent and m["content"].get("execution_state") == "idle") is not None
+        def idle(m: dict) -> bool:
+            return (m["msg_type"] == "status" and m["content"].get("execution_state") == "idle"
+                    and m["parent_header"].get("msg_id") in sent)
+
+        return await _first(self.iopub_channel, until, idle) is not None
 
 
 async def _first(channel: Any, until: float, wanted: Callable[[dict], bool]) -> dict | None:

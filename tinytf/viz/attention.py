@@ -72,7 +72,8 @@ def _heatmap_data(head: int, heads: int, annotate: bool | None, options: dict[st
         raise ValueError(_("head must lie in [0, {value}] for heads={heads}, got {head}").format(value=heads - 1, heads=heads, head=head))
     tokens, weights, allowed, scale = explorer_weights(heads=heads, **options)
     t, scaling, temperature = len(tokens), options["scaling"], options["temperature"]
-    # a Chinese font when the tokens or the labels need one; without it, code points and English labels
+    # a Chinese font when the tokens or the labels (one of them stands for all: same language) need one;
+    # without one, the tokens as code points and the labels in English
     cjk_ok = use_cjk_font([*tokens, _("key (attended to)")])
     lang = None if cjk_ok else "en"
     scale_txt = {"1/sqrt(d)": f"1/sqrt({DIM // heads})", "none": "1"}.get(scaling, f"1/({temperature:g}·sqrt({DIM // heads}))")
