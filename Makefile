@@ -95,7 +95,7 @@ test-fast: lint $(SETUP) ## the edit-test loop: lint + unit tests without gradin
 	$(BYTECODE) && $(THREADS_ENV) $(PYTHON) -m pytest -q -n $(JOBS) --dist loadfile --durations=5 -m "not ui and not book and not grading and not slow" --ignore=tests/ui tests
 
 notebooks: $(SETUP) ## execute every chapter and solution (both editions) once into build/executed/; any error fails (the book reuses the copies)
-	@$(call timed,notebooks,$(BYTECODE) && $(PYTHON) -m tinytf.course.executed --jobs $(JOBS) --device $(DEVICE) $(NOTEBOOKS) $(SOLUTIONS))
+	@$(call timed,notebooks,$(BYTECODE) && $(PYTHON) -m tinytf.course.build.executed --jobs $(JOBS) --device $(DEVICE) $(NOTEBOOKS) $(SOLUTIONS))
 
 test: lint unit notebooks ## everything CI runs: lint + unit tests + every notebook executed
 
@@ -141,7 +141,7 @@ test-ui: $(SETUP) ## real-browser test: JupyterLab + Chromium (Playwright) drive
 	env -u TINYTF_HEADLESS $(PYTHON) -m pytest -q -p no:cacheprovider $(if $(XDIST),-n $(JOBS) --dist load) -m ui tests/ui
 
 book: $(SETUP) ## two books, build/book/en/ and build/book/zh/: every chapter executed (reusing build/executed/), offline
-	$(PYTHON) -m tinytf.course.book --jobs $(JOBS)
+	$(PYTHON) -m tinytf.course.build.book --jobs $(JOBS)
 
 test-book: $(SETUP) ## open every page of both books in Chromium (pages in parallel, outside requests blocked), search them (make book first)
 	$(PYTHON) -m pytest -q -s -p no:cacheprovider -m book tests/ui/test_book.py

@@ -5,12 +5,10 @@ regions filled in), then measures
 
 * ``own_s``: each notebook executed once, directly, with nbclient in a fresh kernel (a new
   interpreter, kernel start included, as a student's JupyterLab runs it) — the notebook's own run;
-* ``own_forked_s``: the same with the kernel forked from tinytf's kernel zygote (what validate and
-  the grader use) — the floor no grader can beat;
-* ``grade``: one ``tinytf.course.grade.grade`` run over all of them with ``--jobs JOBS``: wall time,
-  the time per notebook (wall x jobs / notebooks), and its phases: building the course root,
-  the sandboxes (per job: the whole sandboxed process and, from nbclient's cell timing
-  metadata, the cells themselves), and the wait for the clean judging/feedback processes;
+* ``grade``: one ``tinytf.course.grade.run.grade`` run over all of them with ``--jobs JOBS`` and the kernels in
+  the bubblewrap sandbox: wall time, the time per notebook (wall x jobs / notebooks) and, from nbclient's cell
+  timing metadata, the cells themselves;
+* ``grade_unsandboxed``: the same run with ``sandbox="none"`` (the limits only): the sandbox's own cost;
 * ``nbgrader``: the anchor an instructor would otherwise use — ``nbgrader autograde EX --force``
   (nbgrader's own command line, one exercise at a time, every student) on the same notebooks in a
   copy of the same course root: one notebook after another, no limits, no clean-process judging
@@ -43,9 +41,11 @@ sys.path.insert(0, str(REPO / "tests"))  # the notebook surgery helpers of the c
 
 import _coursekit as K  # noqa: E402
 
-from tinytf.course import grade as grade_mod  # noqa: E402
-from tinytf.course.nbgrader_root import CACHE, cached_course_root, find_notebooks  # noqa: E402
-from tinytf.course.notebook import kernel_config  # noqa: E402
+from tinytf.course.build.nbgrader_root import CACHE, cached_course_root  # noqa: E402
+from tinytf.course.exercises import find_notebooks  # noqa: E402
+from tinytf.course.grade.run import grade  # noqa: E402
+from tinytf.course.grade.sandbox import bwrap_works  # noqa: E402
+from tinytf.course.ipynb import kernel_config  # noqa: E402
 
 
 def build_submissions(dest: Path, students: int, exercises: list[str] | None) -> dict[str, Path]:
@@ -60,18 +60,14 @@ def build_submissions(dest: Path, students: int, exercises: list[str] | None) ->
     return one
 
 
-def own_run_seconds(path: Path, forked: bool = False) -> float:
-    """Seconds to execute ``path`` with nbclient in a fresh kernel (start included): a new interpreter, or
-    with ``forked`` one forked from the kernel zygote (tinytf.course.kernels)."""
+def own_run_seconds(path: Path) -> float:
+    """Seconds to execute ``path`` with nbclient in a fresh kernel (start included), as JupyterLab runs it."""
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    config = kernel_config()
-    if not forked:
-        config.NotebookClient.pop("kernel_manager_class", None)
     start = time.perf_counter()
-    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True, config=config,
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True, config=kernel_config(),
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     return time.perf_counter() - start
 
@@ -87,53 +83,23 @@ def _cells_seconds(nb: dict) -> float:
     return max(stamps) - min(stamps) if stamps else 0.0
 
 
-def _timed(phases: dict[str, float], key: str, fn):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            phases[key] = phases.get(key, 0.0) + time.perf_counter() - start
-
-    return wrapper
-
-
-def _job_times(work: Path) -> list[dict]:
-    jobs = []
-    for sandbox in sorted(work.glob("jobs/*/sandbox.json")):
-        job = sandbox.parent
-        run = json.loads(sandbox.read_text(encoding="utf-8"))
-        graded = list(job.glob("autograded/*/*/*.ipynb"))
-        cells = _cells_seconds(json.loads(graded[0].read_text(encoding="utf-8"))) if graded else 0.0
-        jobs.append({"job": job.name, "sandbox_s": round(run["seconds"], 2), "cells_s": round(cells, 2)})
-    return jobs
-
-
-def grade_run(subs: Path, out: Path, jobs: int, exercises: list[str] | None) -> dict:
-    """One instrumented grade() run; the phases are timed by wrapping the module's own functions."""
-    phases: dict[str, float] = {}
-    patched = {name: getattr(grade_mod, name) for name in grade_mod.BENCH_PHASES}
-    for name, fn in patched.items():
-        setattr(grade_mod, name, _timed(phases, name, fn))
+def grade_run(subs: Path, out: Path, jobs: int, exercises: list[str] | None, sandbox: str) -> dict:
+    """One ``grade()`` run; the cells' own time read from the autograded notebooks it kept."""
     work_root = Path(tempfile.mkdtemp(prefix="tinytf-bench-"))
     os.environ["TMPDIR"] = str(work_root)
     tempfile.tempdir = None
     try:
         start = time.perf_counter()
-        results = grade_mod.grade(subs, out, exercises=exercises, jobs=jobs, progress=False, keep_work=True)
+        results = grade(subs, out, exercises=exercises, jobs=jobs, progress=False, keep_work=True, sandbox=sandbox)
         wall = time.perf_counter() - start
     finally:
-        for name, fn in patched.items():
-            setattr(grade_mod, name, fn)
         tempfile.tempdir = None
-    per_job = _job_times(next(work_root.glob("tinytf-grade-*")))
+    graded = sorted(work_root.glob("tinytf-grade-*/jobs/*/autograded/*/*/*.ipynb"))
+    cells = [_cells_seconds(json.loads(p.read_text(encoding="utf-8"))) for p in graded]
     shutil.rmtree(work_root, ignore_errors=True)
     n = len(results)
-    statuses = sorted({r.status for r in results})
-    return {"notebooks": n, "wall_s": round(wall, 2), "per_notebook_s": round(wall * jobs / n, 2), "statuses": statuses,
-            "phases_s": {k: round(v, 2) for k, v in phases.items()},
-            "sandbox_mean_s": round(sum(j["sandbox_s"] for j in per_job) / max(1, len(per_job)), 2),
-            "cells_mean_s": round(sum(j["cells_s"] for j in per_job) / max(1, len(per_job)), 2), "jobs": per_job}
+    return {"sandbox": sandbox, "notebooks": n, "wall_s": round(wall, 2), "per_notebook_s": round(wall * jobs / n, 2),
+            "statuses": sorted({r.status for r in results}), "cells_mean_s": round(sum(cells) / max(1, len(cells)), 2)}
 
 
 def nbgrader_run(subs: Path, exercises: list[str]) -> dict:
@@ -178,40 +144,41 @@ def main(argv: list[str] | None = None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="tinytf-bench-subs-"))
     one = build_submissions(tmp / "subs", args.students, args.exercises)
     own = {} if args.skip_own else {ex: round(own_run_seconds(p), 2) for ex, p in sorted(one.items())}
-    own_forked = {} if args.skip_own else {ex: round(own_run_seconds(p, forked=True), 2) for ex, p in sorted(one.items())}
     if args.cold:
         shutil.rmtree(CACHE, ignore_errors=True)
     else:  # built before the clock starts: the one-time cost a class does not notice (--cold includes it)
         for lang, (sols, rel) in {"en": ("solutions", "exercises"), "zh": ("solutions", "exercises/zh")}.items():
             cached_course_root(REPO / sols, sorted(one), lang, released=REPO / rel)
     load_before = os.getloadavg()
-    run = grade_run(tmp / "subs", tmp / "out", args.jobs, args.exercises)
+    run = grade_run(tmp / "subs", tmp / "out", args.jobs, args.exercises, "bwrap" if bwrap_works() else "none")
+    bare = grade_run(tmp / "subs", tmp / "out-none", args.jobs, args.exercises, "none") if run["sandbox"] == "bwrap" else None
     anchor = None if args.skip_nbgrader else nbgrader_run(tmp / "subs", sorted(one))
     shutil.rmtree(tmp, ignore_errors=True)
     own_mean = sum(own.values()) / len(own) if own else None
-    forked_mean = sum(own_forked.values()) / len(own_forked) if own_forked else None
     report = {"conditions": {"cpus": os.cpu_count(), "loadavg_start": load_before, "loadavg_end": os.getloadavg(), "jobs": args.jobs,
                              "students": args.students, "exercises": sorted(one), "cold_course_roots": args.cold,
                              "python": sys.version.split()[0]},
-              "own_s": own, "own_mean_s": own_mean and round(own_mean, 2), "own_forked_s": own_forked,
-              "own_forked_mean_s": forked_mean and round(forked_mean, 2), "grade": run, "nbgrader": anchor}
+              "own_s": own, "own_mean_s": own_mean and round(own_mean, 2), "grade": run, "grade_unsandboxed": bare,
+              "nbgrader": anchor}
+    if bare:
+        report["sandbox_cost"] = round(run["per_notebook_s"] / bare["per_notebook_s"], 2)
     if own_mean:
         report["grade_over_own"] = round(run["per_notebook_s"] / own_mean, 2)
-        report["grade_over_own_forked"] = round(run["per_notebook_s"] / forked_mean, 2)
         if anchor:
             report["nbgrader_over_own"] = round(anchor["per_notebook_s"] / own_mean, 2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grading.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    print(f"{run['notebooks']} notebooks, jobs={args.jobs}: wall {run['wall_s']} s, {run['per_notebook_s']} s per notebook "
-          f"(sandbox {run['sandbox_mean_s']} s, of which cells {run['cells_mean_s']} s; own run {report['own_mean_s']} s); "
-          f"phases {run['phases_s']}; statuses {run['statuses']}; load {os.getloadavg()[0]:.1f}")
+    print(f"{run['notebooks']} notebooks, jobs={args.jobs}, sandbox {run['sandbox']}: wall {run['wall_s']} s, "
+          f"{run['per_notebook_s']} s per notebook (cells {run['cells_mean_s']} s; own run {report['own_mean_s']} s); "
+          f"statuses {run['statuses']}; load {os.getloadavg()[0]:.1f}")
+    if bare:
+        print(f"without the sandbox: {bare['per_notebook_s']} s per notebook: the sandbox costs {report['sandbox_cost']}x")
     if anchor:
         print(f"nbgrader autograde: {anchor['per_notebook_s']} s per notebook ({anchor['graded']}/{anchor['notebooks']} graded)")
     if own_mean:
         print(f"per notebook over its own run: tinytf grade {report['grade_over_own']}x"
-              + (f", nbgrader autograde {report['nbgrader_over_own']}x" if anchor else "")
-              + f"; over its own run in a forked kernel ({report['own_forked_mean_s']} s): {report['grade_over_own_forked']}x")
+              + (f", nbgrader autograde {report['nbgrader_over_own']}x" if anchor else ""))
     return report
 
 

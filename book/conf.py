@@ -1,4 +1,4 @@
-"""Sphinx configuration of the books (``make book``). :mod:`tinytf.course.book` assembles each language's
+"""Sphinx configuration of the books (``make book``). :mod:`tinytf.course.build.book` assembles each language's
 pages in ``build/book-src/<lang>/``, copies this file there and runs one Sphinx build per language
 (``-D language=en`` or ``-D language=zh_CN``) into ``build/book/<lang>/``.
 
@@ -17,7 +17,7 @@ author = "the tinytf team"
 language = "en"  # the Chinese build passes -D language=zh_CN
 
 extensions = ["myst_nb", "sphinx-mathjax-offline"]
-nb_execution_mode = "off"  # outputs come from tinytf.course.book's executed copies
+nb_execution_mode = "off"  # outputs come from tinytf.course.build.book's executed copies
 nb_ipywidgets_js = {}  # no widget manager from a CDN: widgets appear as their static figures
 myst_enable_extensions = ["dollarmath", "amsmath", "html_image"]
 myst_heading_anchors = 3

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import _coursekit as K
 
-from tinytf.course.nbgrader_root import REPO, find_notebooks
+from tinytf.course.exercises import REPO, find_notebooks
 
 CORPUS = REPO / "tests" / "corpus"
 CASES = sorted(CORPUS.glob("ex[0-9][0-9]/*.json"))

@@ -16,7 +16,7 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 TOY_JUDGES = '''
-from tinytf.course.judges import judge
+from tinytf.course.reference.judging import judge
 
 @judge("ex90_double_test")
 def _(value, x):
@@ -40,7 +40,7 @@ def toy_solution(folder: Path) -> Path:
                                 "language_info": {"name": "python"}})
     nb.cells = [
         new_markdown_cell("# Toy exercise", metadata=_meta("ex90_intro")),
-        new_code_cell("import random\n\nimport torch\n\nfrom tinytf.course.record import record", metadata=_meta("ex90_setup")),
+        new_code_cell("import random\n\nimport torch\n\nfrom tinytf.course.reference.judging import record", metadata=_meta("ex90_setup")),
         new_code_cell('def double(x):\n    """x: an int."""\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION',
                       metadata=_meta("ex90_double", solution=True, locked=False)),
         new_code_cell("assert torch.equal(torch.tensor(double(2)), torch.tensor(4)), 'double(2) should be 4'\n### BEGIN HIDDEN TESTS\nzq_hidden_probe = random.randint(5, 99)\n"
@@ -223,8 +223,47 @@ def add_cell(nb: dict, code: str, index: int | None = None) -> dict:
     return nb
 
 
-def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict[str, tuple[str, float]]]:
-    """Write SUBMISSIONS under ``dest`` covering every case of issue 8 on ex01 (and ex07 for one student).
+def sandbox_probes(port: int, marker: str, repo: Path, subs: Path) -> dict[str, str]:
+    """Code for the students who try to get out of the grading sandbox (issue 34): each prints what it got, one
+    ``sandbox-probe`` line per attempt, and carries on (so it is graded normally). ``port``: a server the test
+    runs on 127.0.0.1; ``marker``: the name of the files they try to write outside and of the process they leave."""
+    network = f"""import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=3).sendall(b"leak")
+    print("sandbox-probe network: CONNECTED")
+except OSError as err:
+    print("sandbox-probe network:", type(err).__name__)"""
+    reads = f"""import glob
+for what, pattern in [("solutions", {str(repo / "solutions" / "ex01_by_hand.ipynb")!r}),
+                      ("cached course roots", {str(repo / "build" / "course-roots" / "*" / "source" / "ex01" / "*.ipynb")!r}),
+                      ("job gradebooks", "/tmp/tinytf-grade-*/jobs/*/gradebook.db"),
+                      ("job sources", "/tmp/tinytf-grade-*/jobs/*/source/ex01/*.ipynb"),
+                      ("another student", {str(subs / "a_correct" / "ex01_by_hand.ipynb")!r}),
+                      ("other submissions", "/tmp/tinytf-grade-*/jobs/*.submitted.ipynb")]:
+    for path in glob.glob(pattern) or [pattern]:
+        try:
+            open(path, "rb").read()
+            print("sandbox-probe read", what, "READ", path)
+        except OSError as err:
+            print("sandbox-probe read", what, type(err).__name__)"""
+    writes = f"""import glob, os
+others = [d + "/ex01_softmax.pt" for d in glob.glob("/tmp/tinytf-grade-*/jobs/*.records") if d != os.environ.get("TINYTF_RECORD_DIR")]
+for path in [{str(repo / "tinytf" / marker)!r}, {str(subs / "a_correct" / marker)!r}, "/tmp/{marker}", *others]:
+    try:
+        open(path, "w").write("x")
+        print("sandbox-probe write WROTE", path)
+    except OSError as err:
+        print("sandbox-probe write", type(err).__name__)"""
+    daemon = f"""import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", {marker!r}], start_new_session=True,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"""
+    return {"s_network": network, "t_reads_secrets": reads, "u_writes_outside": writes, "v_daemon": daemon}
+
+
+def build_corpus(dest: Path, exercises: Path, solutions: Path, probes: dict[str, str] | None = None
+                 ) -> dict[str, dict[str, tuple[str, float]]]:
+    """Write SUBMISSIONS under ``dest`` covering every case of issue 8 on ex01 (and ex07 for one student), and
+    with ``probes`` (:func:`sandbox_probes`) the students who try to get out of the sandbox (each graded normally).
 
     Returns ``{student: {exercise: (expected status, expected score)}}`` for ex01 and ex07.
     """
@@ -260,6 +299,7 @@ def build_corpus(dest: Path, exercises: Path, solutions: Path) -> dict[str, dict
                         "tampered", 8),
         "p_invalid_json": ('{"cells": [ this is not json', "unreadable", 0),
         "q_memory_hog": (prepend(good, "hog = bytearray(8 * 1024 ** 3)"), "failed", 10),
+        **{student: (prepend(good, code), "needs-manual-grade", 12) for student, code in (probes or {}).items()},
     }
     expected: dict[str, dict[str, tuple[str, float]]] = {}
     for student, (nb, status, score) in cases.items():
@@ -283,7 +323,8 @@ CACHE = REPO_ROOT / "build" / "test-cache"
 def release_key(solutions: Path = REPO_ROOT / "solutions") -> str:
     """What a release of both editions depends on: every solution notebook of ``solutions/`` and
     ``solutions/zh/``, tinytf's source and nbgrader's version (the course roots' own key)."""
-    from tinytf.course.nbgrader_root import course_root_key, find_notebooks
+    from tinytf.course.build.nbgrader_root import course_root_key
+    from tinytf.course.exercises import find_notebooks
 
     both = {f"{lang}/{ex}": p for lang, folder in (("en", solutions), ("zh", solutions / "zh"))
             for ex, p in find_notebooks(folder).items()}
@@ -311,7 +352,7 @@ def fresh_release(lang: str = "en") -> Path:
     so a new release; a stale copy is never used. Several xdist workers wait for one another instead of
     releasing twice. Read-only for the tests: copy what you change.
     """
-    from tinytf.course.release import EDITION_FOLDERS, release
+    from tinytf.course.build.release import EDITION_FOLDERS, release
 
     key = release_key()
     root = CACHE / f"released-{key}"

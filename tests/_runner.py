@@ -49,7 +49,7 @@ def run_cells(cells: dict[str, Any], grade_ids: Iterable[str] | None = None, spa
 def rejects(gid: str, value: Any, inputs: Any, *words: str) -> str:
     """Assert that ``gid``'s judge rejects ``value`` with a message that holds every one of ``words`` and
     shows the student no traceback and no hidden test; the message."""
-    from tinytf.course.judges import run_judge
+    from tinytf.course.reference.judging import run_judge
 
     ok, msg = run_judge(gid, value, inputs)
     assert not ok, f"{gid}: the judge accepted a wrong answer"
@@ -70,7 +70,7 @@ def graded_points(cells: dict[str, Any]) -> dict[str, float]:
 def assert_hidden_tests_use_their_probes(cells: dict[str, Any], tests: tuple[str, ...], probes: dict, probes_alias: str) -> None:
     """Every test cell has a judge and a probe, and its hidden part records once, through ``judged_record``, on
     fresh inputs from that probe."""
-    from tinytf.course.judges import JUDGES, load_all
+    from tinytf.course.reference.judging import JUDGES, load_all
 
     load_all()
     graded = [gid for gid, c in cells.items() if c.metadata["nbgrader"].get("grade") and c.cell_type == "code"]
@@ -86,7 +86,7 @@ def record_tests(ns: dict, cells: dict[str, Any], tests: tuple[str, ...], folder
     """Run every test cell (visible and hidden parts) in ``ns`` with recording into ``folder``; the records."""
     import pytest
 
-    from tinytf.course.record import RECORD_ENV, load_records
+    from tinytf.course.reference.judging import RECORD_ENV, load_records
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(RECORD_ENV, str(folder))
@@ -98,7 +98,7 @@ def record_tests(ns: dict, cells: dict[str, Any], tests: tuple[str, ...], folder
 
 def accepts(gid: str, value: Any, inputs: Any) -> None:
     """Assert that ``gid``'s judge accepts ``value`` on ``inputs``."""
-    from tinytf.course.judges import run_judge
+    from tinytf.course.reference.judging import run_judge
 
     ok, msg = run_judge(gid, value, inputs)
     assert ok, f"{gid}: {msg}"

@@ -1,18 +1,17 @@
-"""tinytf.course.executed and tinytf.course.book without a browser: where executed copies go, what their
+"""tinytf.course.build.executed and tinytf.course.build.book without a browser: where executed copies go, what their
 reuse is keyed on, that execution keeps figures as images, how a chapter becomes a page, and the
 glossary's words for jieba."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from tinytf.course import book, executed
-from tinytf.course.nbgrader_root import REPO
+from tinytf.course.build import book, executed
+from tinytf.course.exercises import REPO
 
 
 def test_executed_copies_are_named_by_their_path():
@@ -63,8 +62,8 @@ def test_the_key_changes_with_the_notebook_the_package_and_the_device(scratch):
     executed._package_digest.cache_clear()
     assert executed.execution_key(nb) != key, "a library change re-executes"
     changed = executed.execution_key(nb)
-    (pkg / "course").mkdir()
-    (pkg / "course" / "book.py").write_text("# the book's builder: no chapter imports it\n")
+    (pkg / "course" / "build").mkdir(parents=True)
+    (pkg / "course" / "build" / "book.py").write_text("# the book's builder: no chapter imports it\n")
     executed._package_digest.cache_clear()
     assert executed.execution_key(nb) == changed, "editing the book's builder does not re-execute"
     nb.write_text(nb.read_text().replace("[1, 2]", "[1, 3]"))
@@ -84,19 +83,22 @@ def test_execute_keeps_figures_as_images_and_reuses_only_an_up_to_date_copy(scra
     assert done["metadata"]["tinytf"]["execution_key"] == executed.execution_key(nb)
     assert any("injected-parameters" in c["metadata"].get("tags", []) for c in done["cells"])
 
-    calls = []
+    class NoPool:  # an up-to-date copy starts no worker at all
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("an up-to-date copy was executed again")
 
-    def fake_run(cmd, **kwargs):
-        calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, 1, "", "")
-
-    monkeypatch.setattr(executed.subprocess, "run", fake_run)
-    assert executed.execute(nb, root=root) == out and not calls, "an up-to-date copy is reused"
+    with monkeypatch.context() as m:
+        m.setattr(executed, "ProcessPoolExecutor", NoPool)
+        assert executed.execute(nb, root=root) == out, "an up-to-date copy is reused"
     (pkg / "mod.py").write_text("x = 3\n")
     executed._package_digest.cache_clear()
-    with pytest.raises(RuntimeError, match="failed"):
-        executed.execute(nb, root=root)  # the package changed: executed again (here by the failing fake)
-    assert len(calls) == 1 and not out.exists(), "a failed run leaves no copy to reuse"
+    nbformat.write(nbformat.v4.new_notebook(cells=[*nbformat.read(nb, as_version=4).cells, new_code_cell("1 / 0")],
+                                            metadata=nbformat.read(nb, as_version=4).metadata), nb)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        executed.execute(nb, root=root)  # the package and the notebook changed: executed again, and its last cell fails
+    failed = out.with_name(f"{out.stem}.failed.ipynb")
+    assert not out.exists(), "a failed run leaves no copy to reuse"
+    assert failed.exists() and "ZeroDivisionError" in failed.read_text(), "the partial run is kept, with the error"
 
 
 def test_a_chapter_page_hides_the_injected_parameters_cell(tmp_path):

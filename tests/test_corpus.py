@@ -19,7 +19,7 @@ import _corpus as C
 import _coursekit as K
 import pytest
 
-from tinytf.course.grade import grade
+from tinytf.course.grade.run import grade
 
 pytestmark = pytest.mark.grading  # a real grading run: make unit, not make test-fast
 

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from tinytf.checks import Pitfall
-from tinytf.course.check_report import finding_lines
-from tinytf.course.diagnosis import finding_json
+from tinytf.course.check.report import finding_lines
+from tinytf.course.check.selfcheck import finding_json
 from tinytf.course.exercises import EXERCISES, REFERENCE_MODULES
 
 matplotlib.use("Agg")

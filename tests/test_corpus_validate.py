@@ -12,8 +12,8 @@ import _corpus as C
 import pytest
 
 from tinytf.checks import Pitfall
+from tinytf.course.check.validate import format_report, validate
 from tinytf.course.messages import say
-from tinytf.course.validate import format_report, validate
 
 pytestmark = pytest.mark.grading  # real validate runs: make unit, not make test-fast
 

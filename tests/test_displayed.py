@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tinytf.course.displayed import displayed_texts, untranslated_texts
+from tinytf.course.build.displayed import displayed_texts, untranslated_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 ZH = sorted(p for d in ("notebooks", "solutions", "exercises") for p in (ROOT / d / "zh").glob("*.ipynb"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tinytf.course.editions import (
+from tinytf.course.build.editions import (
     code_difference,
     code_tokens,
     compare_twins,

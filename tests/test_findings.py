@@ -10,9 +10,9 @@ from torch import nn
 
 import tinytf
 from tinytf.checks import Finding, Pitfall, found, report
-from tinytf.course.check_report import finding_lines
-from tinytf.course.diagnosis import finding_json
-from tinytf.course.nbgrader_root import REPO
+from tinytf.course.check.report import finding_lines
+from tinytf.course.check.selfcheck import finding_json
+from tinytf.course.exercises import REPO
 from tinytf.course.reference import ex05, ex07
 from tinytf.translation import _
 
@@ -134,7 +134,7 @@ def test_relation_names_a_clean_ratio_or_an_off_by_one():
 
 
 def test_the_ex05_judge_rejects_a_probe_that_changed_its_inputs():
-    from tinytf.course.judges import run_judge
+    from tinytf.course.reference.judging import run_judge
 
     ns = _ex05_namespace()
     value, inputs = ex05._probe_encdec({**ns, "probe_encoder_decoder": _probe(clone=True)}, torch.Generator().manual_seed(1))

@@ -144,9 +144,9 @@ def test_zh_notebook_follows_the_glossary(path: Path):
     assert not found, f"{path.relative_to(ROOT)}:\n" + "\n".join(found)
 
 
-# what nbgrader writes where a solution was, per edition (tinytf.course.nbgrader_root.nbgrader_config's stubs)
+# what nbgrader writes where a solution was, per edition (tinytf.course.build.nbgrader_root.nbgrader_config's stubs)
 def _stubs(edition: str) -> list[str]:
-    from tinytf.course.nbgrader_root import nbgrader_config
+    from tinytf.course.build.nbgrader_root import nbgrader_config
 
     c = nbgrader_config(ROOT / "build", edition=edition)
     return [line for s in (c.ClearSolutions.code_stub["python"], c.ClearSolutions.text_stub) for line in s.splitlines()]

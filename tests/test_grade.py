@@ -1,7 +1,9 @@
-"""tinytf grade: a corpus of hostile and honest submissions graded in ONE run, plus the sandbox limits.
+"""tinytf grade: a corpus of hostile and honest submissions graded in ONE run, in the grading sandbox.
 
 The corpus (tests/_coursekit.build_corpus) is built from the committed exercises/ and solutions/:
-ex01 for every case of issue 8, ex07 (a written answer) for the correct student.
+ex01 for every case of issue 8, ex07 (a written answer) for the correct student, and (where bubblewrap runs)
+the students of issue 34 who try to get out of the sandbox: the network, the solutions and other students'
+files, writes outside their folder, a process left running.
 """
 
 from __future__ import annotations
@@ -10,18 +12,24 @@ import csv
 import hashlib
 import html
 import json
+import os
 import pickle
-import sys
-import textwrap
-import time
+import re
+import socket
+import threading
+import uuid
 from pathlib import Path
 
 import _coursekit as K
+import psutil
 import pytest
 
-from tinytf.course.grade import STATUSES, classify_test_cell, grade, sanitize_for_feedback, summary_text
-from tinytf.course.nbgrader_root import REPO
-from tinytf.course.sandbox import ForkServer, Limits, run_limited
+from tinytf.course.exercises import REPO
+from tinytf.course.grade.feedback import sanitize_for_feedback
+from tinytf.course.grade.gradebook import STATUSES, summary_text
+from tinytf.course.grade.run import grade
+from tinytf.course.grade.sandbox import bwrap_works, sandbox_mode
+from tinytf.course.grade.verdict import classify_test_cell
 
 pytestmark = pytest.mark.grading  # real grading runs: make unit, not make test-fast
 
@@ -37,15 +45,43 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+# the sandbox tests run where bubblewrap works; CI (TINYTF_REQUIRE_SANDBOX=1) fails instead of skipping them
+SANDBOX = bwrap_works() or os.environ.get("TINYTF_REQUIRE_SANDBOX") == "1"
+needs_sandbox = pytest.mark.skipif(not SANDBOX, reason="bubblewrap cannot run here (apt-get install bubblewrap)")
+
+
+class _Server:
+    """A TCP server on 127.0.0.1 that counts the connections it accepts (the sandboxed students must make none)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port, self.accepted = self.sock.getsockname()[1], 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+
 def _grade_corpus(base: Path) -> None:
     """The submissions, their checksums before grading, and one grading run of them (``base/out``)."""
     subs = base / "submissions"
     released = K.fresh_release("en")  # today's solutions released (once per session; exercises/ is checked by test_release)
-    expected = K.build_corpus(subs, released, REPO / "solutions")
+    server, marker = _Server(), f"zz-sandbox-probe-{uuid.uuid4().hex[:8]}"
+    probes = K.sandbox_probes(server.port, marker, REPO, subs) if SANDBOX else None
+    expected = K.build_corpus(subs, released, REPO / "solutions", probes)
     before = {str(p.relative_to(subs)): _sha(p) for p in subs.rglob("*") if p.is_file()}
     results = grade(subs, base / "out", exercises=["ex01", "ex07"], jobs=2, timeout=CELL_TIMEOUT,
-                    notebook_timeout=NOTEBOOK_TIMEOUT, memory_mb=3072, released=released, progress=False)
-    (base / "run.pickle").write_bytes(pickle.dumps({"expected": expected, "before": before, "results": results}))
+                    notebook_timeout=NOTEBOOK_TIMEOUT, memory_mb=3072, released=released, progress=False,
+                    sandbox="bwrap" if SANDBOX else "none")
+    server.sock.close()
+    (base / "run.pickle").write_bytes(pickle.dumps({"expected": expected, "before": before, "results": results,
+                                                    "accepted": server.accepted, "marker": marker}))
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +202,7 @@ def test_rerun_gives_the_same_gradebook(corpus, keep_run):
 
 
 def test_two_shards_merged_are_byte_identical_to_one_run(corpus, keep_run, tmp_path):
-    from tinytf.course.shard import merge, shard_of
+    from tinytf.course.grade.students import merge, shard_of
 
     assert sorted({shard_of(s, 2) for s in KEEP}) == [0, 1], "both shards grade someone"
     whole = keep_run  # the KEEP students in one run
@@ -199,7 +235,7 @@ def test_classify_hides_messages_raised_inside_hidden_tests():
 
 
 def test_sanitize_for_feedback_strips_hidden_tests_and_test_outputs():
-    from tinytf.course.grade import CellResult
+    from tinytf.course.grade.gradebook import CellResult
 
     nb = {"cells": [
         {"cell_type": "code", "source": "x = 1\n### BEGIN HIDDEN TESTS\nzz_secret = 2\n### END HIDDEN TESTS", "outputs": [
@@ -215,106 +251,59 @@ def test_sanitize_for_feedback_strips_hidden_tests_and_test_outputs():
     assert "zz_secret" in json.dumps(nb), "the input notebook is not modified"
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie waiting for its parent to reap it is not)."""
-    import psutil
+def _probe_lines(corpus: dict, student: str) -> list[str]:
+    """The ``sandbox-probe`` lines a sandboxed student printed, from its feedback page."""
+    page = html.unescape((corpus["out"] / "feedback" / student / "ex01.html").read_text(encoding="utf-8"))
+    return re.findall(r"sandbox-probe (?:network|read|write)[^<\n\"']*(?=\n|<)", page)  # outputs; the code's strings end in quotes
 
+
+@needs_sandbox
+def test_a_sandboxed_submission_reaches_no_server_and_is_graded_normally(corpus):
+    assert corpus["accepted"] == 0, "a student's kernel connected to a server on the grading machine's 127.0.0.1"
+    assert _probe_lines(corpus, "s_network") == ["sandbox-probe network: ConnectionRefusedError"]
+    assert corpus["expected"]["s_network"]["ex01"] == ("needs-manual-grade", 12)  # and test_every_submission… holds it
+
+
+@needs_sandbox
+def test_a_sandboxed_submission_cannot_read_solutions_gradebooks_or_other_students(corpus):
+    lines = _probe_lines(corpus, "t_reads_secrets")
+    assert len(lines) == 6, lines  # one attempt per target: nothing found by a pattern is tried as the pattern itself
+    assert not [line for line in lines if "READ" in line], lines
+    assert all(line.endswith(("FileNotFoundError", "PermissionError")) for line in lines), lines
+
+
+@needs_sandbox
+def test_a_sandboxed_submission_writes_nothing_outside_its_folder(corpus):
+    lines = _probe_lines(corpus, "u_writes_outside")
+    assert len(lines) >= 3 and not [line for line in lines if "WROTE" in line and "/tmp/zz" not in line], lines
+    marker = corpus["marker"]
+    assert not (REPO / "tinytf" / marker).exists() and not (corpus["subs"] / "a_correct" / marker).exists()
+    assert not (Path("/tmp") / marker).exists(), "the sandbox's /tmp is its own"
+    # the records of the students graded beside it were out of reach: their verdicts are test_every_submission…'s
+
+
+def test_a_process_a_submission_leaves_running_dies_with_its_job(corpus):
+    marker = corpus["marker"]
+    left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert not left, f"a process the notebook started in a session of its own outlived grading: {left}"
+
+
+def test_sandbox_mode_says_why_it_cannot_confine_a_kernel(monkeypatch, capsys):
+    import tinytf.course.grade.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox, "_SAID", set())
+    sandbox.bwrap_works.cache_clear()
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def test_sandbox_kills_a_background_process_started_in_its_own_session(tmp_path):
-    marker = tmp_path / "child.pid"
-    script = textwrap.dedent(f"""
-        import os, time
-        if os.fork() == 0:
-            os.setsid()
-            open({str(marker) + ".tmp"!r}, "w").write(str(os.getpid()))
-            os.replace({str(marker) + ".tmp"!r}, {str(marker)!r})
-            time.sleep(3600)
-            os._exit(0)
-        while not os.path.exists({str(marker)!r}):  # the command ends once its child is running
-            time.sleep(0.01)
-    """)
-    res = run_limited([sys.executable, "-c", script], Limits(timeout=300, memory_mb=1024))
-    assert not res.timed_out and res.returncode == 0
-    child = int(marker.read_text())
-    # SIGKILL was sent before run_limited returned; give the kernel time to finish the kill (a survivor sleeps an hour)
-    deadline = time.monotonic() + 120
-    while _running(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _running(child), "a forked, re-sessioned child survived the sandbox"
-
-
-def test_sandbox_stops_a_loop_at_the_wall_limit_and_limits_memory(tmp_path):
-    res = run_limited([sys.executable, "-c", "while True:\n    pass"], Limits(timeout=1, memory_mb=1024))
-    assert res.timed_out and res.returncode is None, "an endless loop is stopped by the limit, never finishes by itself"
-    res = run_limited([sys.executable, "-c", "b = bytearray(2 * 1024 ** 3)"], Limits(timeout=300, memory_mb=512), log=tmp_path / "log")
-    assert not res.timed_out and res.returncode != 0 and "MemoryError" in (tmp_path / "log").read_text()
-
-
-def _script(tmp_path: Path, body: str) -> list[str]:
-    path = tmp_path / f"job{len(list(tmp_path.glob('job*.py')))}.py"
-    path.write_text(textwrap.dedent(body), encoding="utf-8")
-    return [sys.executable, str(path)]
-
-
-def test_fork_server_jobs_get_the_limits_and_leave_nothing_behind(tmp_path):
-    import os
-
-    server = ForkServer(["json"])
-    try:
-        env = dict(os.environ)
-        res = server.run(_script(tmp_path, "while True:\n    pass"), Limits(timeout=1, memory_mb=1024), cwd=tmp_path, env=env)
-        assert res.timed_out and res.returncode is None, "an endless loop is stopped at the wall limit"
-        res = server.run(_script(tmp_path, "b = bytearray(2 * 1024 ** 3)"), Limits(timeout=300, memory_mb=512), cwd=tmp_path,
-                         env=env, log=tmp_path / "mem.log")
-        assert not res.timed_out and res.returncode == 1 and "MemoryError" in (tmp_path / "mem.log").read_text()
-        marker = tmp_path / "child.pid"
-        res = server.run(_script(tmp_path, f"""
-            import os, time
-            if os.fork() == 0:  # forked, not exec'd: it does not carry the job's token in its environment
-                os.setsid()
-                open({str(marker) + ".tmp"!r}, "w").write(str(os.getpid()))
-                os.replace({str(marker) + ".tmp"!r}, {str(marker)!r})
-                time.sleep(3600)
-                os._exit(0)
-            while not os.path.exists({str(marker)!r}):
-                time.sleep(0.01)
-        """), Limits(timeout=300, memory_mb=1024), cwd=tmp_path, env=env)
-        assert not res.timed_out and res.returncode == 0
-        child = int(marker.read_text())
-        deadline = time.monotonic() + 120
-        while _running(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(child), "a forked, re-sessioned child of a job survived it"
+        with pytest.raises(ValueError, match="apt-get install bubblewrap"):
+            sandbox_mode("bwrap")
+        assert sandbox_mode("auto") == "none" and sandbox_mode("auto") == "none"
+        assert capsys.readouterr().err.count("resource limits only") == 1, "auto says it once"
+        assert sandbox_mode("none") == "none"
+        with pytest.raises(ValueError, match="choose one of auto, bwrap, none"):
+            sandbox_mode("docker")
     finally:
-        server.close()
-
-
-def test_fork_server_jobs_share_no_state(tmp_path):
-    """Each job is forked from the server's clean state: what one job changes (a preloaded module,
-    the environment, the folder) the next one does not see; each gets its own environment and folder."""
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    server = ForkServer(["json"])
-    try:
-        first = server.run(_script(tmp_path, """
-            import json, os, sys
-            json.student = "alice"; os.environ["LEFT_BY"] = "alice"; sys.path.append("/alice")
-            print(os.getcwd(), os.environ["WHO"], os.getsid(0) == os.getpid())
-        """), Limits(timeout=300), cwd=tmp_path / "a", env={"WHO": "a", "PATH": "/usr/bin:/bin"}, log=tmp_path / "a.log")
-        second = server.run(_script(tmp_path, """
-            import json, os, sys
-            print(os.getcwd(), os.environ["WHO"], getattr(json, "student", None), os.environ.get("LEFT_BY"), "/alice" in sys.path)
-        """), Limits(timeout=300), cwd=tmp_path / "b", env={"WHO": "b", "PATH": "/usr/bin:/bin"}, log=tmp_path / "b.log")
-    finally:
-        server.close()
-    assert (first.returncode, second.returncode) == (0, 0)
-    assert (tmp_path / "a.log").read_text().split() == [str(tmp_path / "a"), "a", "True"], "its own folder, environment, session"
-    assert (tmp_path / "b.log").read_text().split() == [str(tmp_path / "b"), "b", "None", "None", "False"]
+        sandbox.bwrap_works.cache_clear()
 
 
 def test_feedback_joins_stream_chunks_so_pages_do_not_depend_on_timing():
@@ -331,8 +320,8 @@ def test_feedback_joins_stream_chunks_so_pages_do_not_depend_on_timing():
 
 
 def test_tampered_needs_evidence_a_wrong_answer_alone_is_failed():
-    from tinytf.course.finish import CellSpec, _cell_status
-    from tinytf.course.judges import judge
+    from tinytf.course.grade.verdict import CellSpec, _cell_status
+    from tinytf.course.reference.judging import judge
 
     @judge("ex99_evidence_test")
     def _(value, x):
@@ -357,11 +346,11 @@ def test_tampered_needs_evidence_a_wrong_answer_alone_is_failed():
 def test_record_lists_replaced_checking_functions(monkeypatch):
     import torch
 
-    from tinytf.course import record
+    from tinytf.course.reference import judging as record
 
     assert record.interference() == []
     monkeypatch.setattr(torch, "allclose", lambda *a, **k: True)
     monkeypatch.setattr(torch.testing, "assert_close", lambda *a, **k: None)
     assert record.interference() == ["torch.allclose", "torch.testing.assert_close"]
     monkeypatch.setattr(record, "record", lambda *a, **k: None)
-    assert "tinytf.course.record.record" in record.interference()
+    assert "tinytf.course.reference.judging.record" in record.interference()

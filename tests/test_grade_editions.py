@@ -12,9 +12,9 @@ import _coursekit as K
 import pytest
 
 from tinytf.checks import Pitfall
-from tinytf.course.grade import grade
-from tinytf.course.nbgrader_root import REPO
-from tinytf.course.validate import format_report, validate
+from tinytf.course.check.validate import format_report, validate
+from tinytf.course.exercises import REPO
+from tinytf.course.grade.run import grade
 
 pytestmark = pytest.mark.grading  # real grading runs: make unit, not make test-fast
 

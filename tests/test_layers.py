@@ -4,6 +4,7 @@ contracts in pyproject.toml (layers, model code below the course, no import loop
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -109,7 +110,7 @@ def test_the_detector_finds_both_forms_and_ignores_private_modules_and_own_names
 def test_no_module_imports_another_modules_private_name():
     modules = package_modules()
     assert len(modules) >= 75, f"expected the whole package (75+ modules) under {PACKAGE}, found {len(modules)}"
-    assert {"tinytf.config", "tinytf.checks.probe", "tinytf.course.validate", "tinytf.viz.tiled"} <= set(modules)
+    assert {"tinytf.config", "tinytf.checks.probe", "tinytf.course.check.validate", "tinytf.viz.tiled"} <= set(modules)
     found = [hit for name, path in sorted(modules.items())
              for hit in private_imports(name, path.read_text(encoding="utf-8"), set(modules), is_package=path.name == "__init__.py")]
     assert found == [], "a name another module needs is public (no underscore) and documented:\n" + "\n".join(found)
@@ -123,16 +124,19 @@ def test_config_imports_no_model_module():
         f"tinytf/config.py stands on nothing but the message catalog: it imports {imported}")
 
 
-def test_pyproject_declares_the_three_contracts():
+def test_pyproject_declares_the_four_contracts():
     config = read_configuration(str(REPO / "pyproject.toml"))
     assert config["session_options"]["root_packages"] == ["tinytf"]
     contracts = {c["id"]: c for c in config["contracts_options"]}
-    assert len(contracts) == 3
+    assert len(contracts) == 4
     assert contracts["layers"]["type"] == "layers" and str(contracts["layers"]["exhaustive"]).lower() == "true"
     layers = contracts["layers"]["layers"]
     assert layers[0].startswith("course") and layers[-3].startswith("config") and layers[-2:] == ["translation", "language"]
     assert contracts["model-code-below-the-course"]["forbidden_modules"] == ["tinytf.course", "tinytf.viz", "tinytf.checks"]
     assert contracts["no-import-loops"]["type"] == "acyclic_siblings"
+    course = contracts["course-layers"]  # the course tooling by job, every module of it in a layer
+    assert course["containers"] == ["tinytf.course"] and str(course["exhaustive"]).lower() == "true"
+    assert course["layers"] == ["cli", "grade | check", "build", "reference", "exercises | ipynb | messages"]
 
 
 def test_lint_imports_keeps_every_contract():
@@ -140,4 +144,21 @@ def test_lint_imports_keeps_every_contract():
         [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()", "--no-cache"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
-    assert run.returncode == 0 and "3 kept, 0 broken" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    assert run.returncode == 0 and "4 kept, 0 broken" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def test_the_course_tooling_starts_processes_only_through_stock_apis():
+    """Issue 34: every notebook runs in a stock kernel (jupyter_client / nbclient / nbgrader / papermill), pools are
+    concurrent.futures with an explicit spawn context, and nothing forks a process that imported torch, runs a
+    module by path, edits sys.path or overrides a Jupyter library's private method."""
+    course = sorted((PACKAGE / "course").rglob("*.py"))
+    assert len(course) >= 35, f"expected the course package and its reference modules, found {len(course)} files"
+    forbidden = re.compile(r"os\.fork\(|os\.forkpty\(|sys\.path\[|sys\.path\.(insert|append)|def _async_\w+\(|AF_UNIX|send_fds|"
+                           r"runpy\.run_(path|module)|get_context\(\"fork\"\)|spec_from_file_location\(\"tinytf")
+    found = [f"{p.relative_to(REPO)}:{i}: {line.strip()}" for p in course
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if forbidden.search(line)]
+    assert found == [], "home-made process machinery in tinytf/course:\n" + "\n".join(found)
+    pools = [(p, line) for p in course for line in p.read_text(encoding="utf-8").splitlines() if "ProcessPoolExecutor(" in line]
+    assert len(pools) >= 2 and all("mp_context=" in line for _, line in pools), pools  # grading and the executed chapters
+    mains = sorted(str(p.relative_to(PACKAGE / "course")) for p in course if 'if __name__ == "__main__"' in p.read_text(encoding="utf-8"))
+    assert mains == ["build/book.py", "build/executed.py", "cli.py"], f"run with python -m, never by path: {mains}"

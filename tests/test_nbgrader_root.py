@@ -8,7 +8,8 @@ import sqlite3
 
 import _coursekit as K
 
-from tinytf.course.nbgrader_root import alembic_head, cached_course_root, course_root_key, find_notebooks
+from tinytf.course.build.nbgrader_root import alembic_head, cached_course_root, course_root_key
+from tinytf.course.exercises import find_notebooks
 
 
 def _edit_solution(path, old: str, new: str) -> None:

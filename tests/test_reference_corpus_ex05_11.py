@@ -17,9 +17,8 @@ import matplotlib
 import pytest
 import torch
 
-from tinytf.course.judges import run_judge
-from tinytf.course.record import RECORD_ENV, load_records
 from tinytf.course.reference import ex05, ex06, ex07, ex08_probes, ex09, ex10, ex11
+from tinytf.course.reference.judging import RECORD_ENV, load_records, run_judge
 
 matplotlib.use("Agg")
 

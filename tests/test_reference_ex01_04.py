@@ -30,9 +30,9 @@ from torch import nn
 
 from tinytf.bench import one_thread
 from tinytf.checks import Pitfall
-from tinytf.course import judges
-from tinytf.course.record import RECORD_ENV, load_records
 from tinytf.course.reference import ex01, ex02, ex03, ex04
+from tinytf.course.reference import judging as judges
+from tinytf.course.reference.judging import RECORD_ENV, load_records
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {

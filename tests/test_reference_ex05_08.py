@@ -19,8 +19,8 @@ import torch
 
 import tinytf
 from tinytf.checks import Pitfall
-from tinytf.course.judges import JUDGES, load_all
 from tinytf.course.reference import ex05, ex06, ex07, ex08, ex08_probes
+from tinytf.course.reference.judging import JUDGES, load_all
 
 NOTEBOOKS = {
     "ex05": "ex05_cross_attention.ipynb",

@@ -10,8 +10,8 @@ from pathlib import Path
 import _coursekit as K
 import pytest
 
-from tinytf.course.nbgrader_root import REPO, find_notebooks
-from tinytf.course.release import EDITION_FOLDERS, SUPPORT_FILES, release
+from tinytf.course.build.release import EDITION_FOLDERS, SUPPORT_FILES, release
+from tinytf.course.exercises import REPO, find_notebooks
 
 
 def _found(folder: str) -> dict[str, Path]:
@@ -45,7 +45,7 @@ def test_release_is_byte_identical_and_strips_solutions_and_hidden_tests(tmp_pat
     assert "double(2)" in K.src(K.cell_with(nb, "ex90_double_test")), "visible tests stay"
     ids = [c["id"] for c in nb["cells"]]
     assert len(set(ids)) == len(ids)
-    import tinytf.course.release as release_mod
+    import tinytf.course.build.release as release_mod
 
     writes = []
     write_atomic = release_mod.write_atomic
@@ -107,7 +107,7 @@ def _run_untouched(path: Path) -> tuple[list, bool]:
     import nbformat
     from nbclient import NotebookClient
 
-    from tinytf.course.notebook import kernel_config
+    from tinytf.course.ipynb import kernel_config
 
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True, config=kernel_config(),  # validate's kernels
@@ -159,8 +159,8 @@ def test_the_shared_release_is_keyed_by_every_solution_byte(tmp_path):
 
 def test_every_released_test_cell_is_in_its_editions_manifest():
     """``make release`` records every release's test cells (releases.json next to the notebooks)."""
-    from tinytf.course.notebook import cell_source, is_test_cell, nbgrader_meta
-    from tinytf.course.release import earlier_release, load_manifest
+    from tinytf.course.build.release import earlier_release, load_manifest
+    from tinytf.course.ipynb import cell_source, is_test_cell, nbgrader_meta
 
     assert len(KEYS) == 2 * len(_found("solutions")) >= 22, KEYS  # every exercise, two editions
     for lang, ex in KEYS:
@@ -170,7 +170,7 @@ def test_every_released_test_cell_is_in_its_editions_manifest():
 
 
 def test_release_adds_to_the_manifest_and_never_forgets(tmp_path):
-    from tinytf.course.release import load_manifest
+    from tinytf.course.build.release import load_manifest
 
     K.toy_solution(tmp_path / "src")
     release(tmp_path / "src", tmp_path / "out")
@@ -201,8 +201,8 @@ def test_a_submission_on_an_earlier_release_grades_like_the_same_answers_on_toda
     """ex01's first release (from git history) had other ex01_scores and ex01_attention tests: the same
     answers on it and on today's release get the same statuses and points, never `tampered`; validate
     says the tests come from an earlier release."""
-    from tinytf.course.grade import grade
-    from tinytf.course.validate import format_report, validate
+    from tinytf.course.check.validate import format_report, validate
+    from tinytf.course.grade.run import grade
 
     old = _earliest_release("exercises/ex01_by_hand.ipynb")
     assert old is not None, "no git history of exercises/ex01_by_hand.ipynb: run the tests in a clone of the repository"

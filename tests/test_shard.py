@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tinytf.course.cli import main
-from tinytf.course.gradebook import CellResult, ExerciseResult, aggregate, write_gradebook
-from tinytf.course.shard import SHARD_ENV, merge, parse_shard, shard_of, write_shard_info
+from tinytf.course.grade.gradebook import CellResult, ExerciseResult, aggregate, write_gradebook
+from tinytf.course.grade.students import SHARD_ENV, merge, parse_shard, shard_of, write_shard_info
 
 STUDENTS = [f"student{i:03d}" for i in range(60)] + ["Zoë Ångström", "a.b@uni.example"]
 

@@ -40,8 +40,8 @@ from tinytf.checks import (
     glance_table,
     report,
 )
-from tinytf.course.check_report import finding_lines
-from tinytf.course.diagnosis import finding_json
+from tinytf.course.check.report import finding_lines
+from tinytf.course.check.selfcheck import finding_json
 from tinytf.course.messages import MESSAGES, PHRASES, say, translate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -275,7 +275,7 @@ def _literal(node: ast.stmt) -> bool:
 def _namespace(case: dict) -> dict:
     import nbformat
 
-    from tinytf.course.nbgrader_root import find_notebooks
+    from tinytf.course.exercises import find_notebooks
 
     nb = nbformat.read(find_notebooks(ROOT / "solutions")[case["exercise"]], as_version=4)
     ns: dict = {"__name__": "__main__"}

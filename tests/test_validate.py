@@ -3,17 +3,17 @@ the exit status says whether anything is wrong, and self_check never raises."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import _coursekit as K
 import pytest
 
 from tinytf.course import self_check
+from tinytf.course.build.release import release
+from tinytf.course.check.selfcheck import diagnose
+from tinytf.course.check.validate import validate
 from tinytf.course.cli import main
-from tinytf.course.nbgrader_root import REPO
-from tinytf.course.release import release
-from tinytf.course.validate import diagnose_json, validate
+from tinytf.course.exercises import REPO
 
 pytestmark = pytest.mark.grading  # real validate/grade runs: make unit, not make test-fast
 
@@ -67,12 +67,12 @@ def test_self_check_never_raises_and_explains(capsys):
     def stub(*args, **kwargs):
         raise NotImplementedError()
 
-    data = json.loads(diagnose_json("ex01", {"scores_by_hand": stub, "softmax_by_hand": stub, "attention_by_hand": stub}))
-    assert "findings" in data and data["findings"], "unimplemented functions are reported, not raised"
+    findings = diagnose("ex01", {"scores_by_hand": stub, "softmax_by_hand": stub, "attention_by_hand": stub})
+    assert findings and all(f["pitfall"] == 0 for f in findings), "unimplemented functions are reported, not raised"
 
 
 def test_cells_are_named_the_way_a_student_sees_them():
-    from tinytf.course.notebook import describe_cell
+    from tinytf.course.ipynb import describe_cell
 
     cells = [{"cell_type": "markdown", "source": "## Task 1b — scaling\n\nDivide the scores."},
              {"cell_type": "code", "source": "x = 1"},
@@ -89,7 +89,7 @@ def _run_in_kernel(path) -> str:
     import nbformat
     from nbclient import NotebookClient
 
-    from tinytf.course.notebook import kernel_config
+    from tinytf.course.ipynb import kernel_config
 
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True, config=kernel_config(),
@@ -150,7 +150,7 @@ def test_a_cell_stopped_for_time_is_said_in_words_not_as_a_keyboard_interrupt(tm
     """A slow cell (here: one that sleeps past a 2 s limit, and a function too slow for its test) is
     reported as stopped for time — which cell, the limit, what to do — never as a KeyboardInterrupt;
     the diagnosis then runs on what was defined and does not rerun the stopped test."""
-    from tinytf.course.validate import format_report
+    from tinytf.course.check.validate import format_report
 
     released = tmp_path / "released"
     _slow_toy(tmp_path / "src")
@@ -176,7 +176,7 @@ def test_a_cell_stopped_for_time_is_said_in_words_not_as_a_keyboard_interrupt(tm
 
 def test_grade_says_a_stopped_cell_in_words_in_both_languages():
     """grade's side of a cell stopped for time: the limit, how long it had run, what to do; in Chinese too."""
-    from tinytf.course.finish import classify_test_cell
+    from tinytf.course.grade.verdict import classify_test_cell
     from tinytf.course.messages import translate
 
     cell = {"cell_type": "code", "execution_count": 3, "source": "train_check()", "metadata": {"execution": {

@@ -22,8 +22,8 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
-    from .nbgrader_root import REPO
-    from .release import release, release_editions
+    from .build.release import release, release_editions
+    from .exercises import REPO
 
     if args.solutions is None and args.out is None:  # both editions: solutions[/zh] -> exercises[/zh]
         paths = release_editions(exercises=args.exercises or None)
@@ -35,7 +35,7 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .validate import format_report, validate
+    from .check.validate import format_report, validate
 
     worst = 0
     for path in args.notebooks:
@@ -46,17 +46,21 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from .grade import grade, summary_text
-    from .shard import parse_shard
+    from .grade.run import grade, summary_text
+    from .grade.students import parse_shard
 
     try:
         shard = parse_shard(args.shard) if args.shard else None
     except ValueError as err:
         print(f"tinytf grade: {err}", file=sys.stderr)
         return 2
-    results = grade(args.submissions, args.out, solutions=args.solutions, exercises=args.exercises or None, jobs=args.jobs,
-                    timeout=args.timeout, notebook_timeout=args.notebook_timeout, memory_mb=args.memory_mb,
-                    shard=shard, keep_work=args.keep_work, progress=not args.quiet)
+    try:
+        results = grade(args.submissions, args.out, solutions=args.solutions, exercises=args.exercises or None, jobs=args.jobs,
+                        timeout=args.timeout, notebook_timeout=args.notebook_timeout, memory_mb=args.memory_mb,
+                        shard=shard, sandbox=args.sandbox, keep_work=args.keep_work, progress=not args.quiet)
+    except ValueError as err:  # --sandbox bwrap where bubblewrap cannot run
+        print(f"tinytf grade: {err}", file=sys.stderr)
+        return 2
     if shard:
         print(f"shard {shard[0]}/{shard[1]}: {len({r.student for r in results})} students")
     print(summary_text(results), end="")
@@ -65,8 +69,8 @@ def _grade(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .gradebook import summary_text
-    from .shard import merge
+    from .grade.gradebook import summary_text
+    from .grade.students import merge
 
     try:
         results = merge(args.gradebooks, args.out)
@@ -88,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps (default: $TINYTF_DEVICE or auto)")
     p.set_defaults(func=_info)
 
-    from .nbgrader_root import REPO
+    from .exercises import REPO
 
     ex_help = "only these exercises, e.g. ex01 ex02 (default: all)"
     p = sub.add_parser("release", help="generate exercises/ from solutions/ with nbgrader (deterministic; both editions: "
@@ -110,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="notebooks graded in parallel")
     p.add_argument("--timeout", type=int, default=60, help="seconds per cell (default 60)")
     p.add_argument("--notebook-timeout", type=float, default=None, help="seconds per notebook (default max(120, 4 x timeout))")
-    p.add_argument("--memory-mb", type=int, default=4096, help="address-space limit per grading process (default 4096)")
+    p.add_argument("--memory-mb", type=int, default=4096, help="address-space limit of each notebook's kernel (default 4096)")
+    p.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
+                   help="where student code runs: bwrap (bubblewrap: no network, no view of solutions/ or other students), "
+                        "none (resource limits only), auto (bwrap where it works; default)")
     p.add_argument("--solutions", default=str(REPO / "solutions"))
     p.add_argument("--exercises", nargs="*", help=ex_help)
     p.add_argument("--shard", metavar="K/N", help="grade only shard K (0 … N-1) of the students; auto/N: K from "
@@ -129,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .notebook import skip_slow_imports
+    from .ipynb import skip_slow_imports
 
     skip_slow_imports()
     parser = build_parser()

@@ -1,8 +1,8 @@
 """Per-exercise reference code used by the grader and the self-check.
 
 ``tinytf/course/reference/exNN.py`` holds, for exercise NN:
-- judges: ``@judge("exNN_…")`` functions (see :mod:`tinytf.course.judges`) that recompute the
-  reference from the inputs a hidden test exported with :func:`tinytf.course.record.record`,
+- judges: ``@judge("exNN_…")`` functions (see :mod:`tinytf.course.reference.judging`) that recompute the
+  reference from the inputs a hidden test exported with :func:`tinytf.course.reference.judging.record`,
   checked with the shared validators of :mod:`tinytf.course.reference.validators`;
 - ``diagnose(namespace: dict) -> list[tinytf.checks.Finding]`` (optional): run the
   :mod:`tinytf.checks` detectors on the student's functions found in ``namespace`` and say which
@@ -107,13 +107,13 @@ def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed:
                    covered: Iterable[str] = ()) -> list[Finding]:
     """The grader's judgement on the student's own machine: for each test cell ``grade_id`` in
     ``probes``, ``probes[grade_id](namespace, generator)`` calls the student's code on fresh random
-    inputs and returns ``(value, inputs)``; the same judge the grader runs (:mod:`tinytf.course.judges`)
+    inputs and returns ``(value, inputs)``; the same judge the grader runs (:mod:`tinytf.course.reference.judging`)
     then decides. A rejection becomes a Finding quoting the judge's message, unless ``grade_id`` is in
     ``covered`` (a named pitfall already explains that task). Never raises.
     """
     import torch
 
-    from ..judges import run_judge
+    from .judging import run_judge
 
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed)
     skip = set(covered)

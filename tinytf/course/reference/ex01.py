@@ -16,8 +16,8 @@ from tinytf.checks.findings import tensor_relation
 
 from ...translation import gettext
 from ...translation import gettext as _
-from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
+from .judging import judge
 from .validators import close, differs, float_inputs, has_keys, shape_of, shapes, tensor
 
 __all__ = ["EXAMPLE_Q", "EXAMPLE_K", "EXAMPLE_V", "PROBES", "REFERENCE_PARTS", "reference_scores", "reference_softmax",

@@ -15,8 +15,8 @@ import torch
 from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext as _
-from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped
+from .judging import judge
 from .validators import bool_mask, close, differs, float_inputs, has_keys, shape_of, shapes, should_be, tensor
 
 __all__ = ["PROBES", "reference_masked_softmax", "reference_renormalise", "tinytf_masked_softmax", "diagnose"]

@@ -15,9 +15,9 @@ import torch
 from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext
-from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings
 from .ex03_timing import diagnose_timing, timing_problem, timing_record
+from .judging import judge
 from .validators import close, differs, has_keys, how_off, seconds, shape_of, shapes
 
 __all__ = ["maps_sum_to_one", "PROBES", "timing_problem", "timing_record", "reference_parameter_count", "reference_head_weights",

@@ -17,8 +17,8 @@ import torch
 from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext as _
-from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, swapped, with_cause
+from .judging import judge
 from .validators import close, differs, has_keys, number, shapes, tensor
 
 __all__ = ["PROBES", "reference_block_output", "reference_init", "on_reference_init", "same_curve", "diagnose"]

@@ -15,8 +15,8 @@ from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import N_, gettext
 from ...translation import gettext as _
-from ..judges import judge
 from . import Probe, call_student, check_parts, judge_findings, stub_or, swapped
+from .judging import judge
 from .validators import close, differs, float_inputs, has_keys, number, shape_of, shapes, tensor
 
 __all__ = ["reference_cross", "named_findings", "diagnose", "PROBES"]

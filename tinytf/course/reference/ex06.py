@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext as _
-from ..judges import judge
 from . import Probe, call_student, judge_findings, swapped
 from .ex05 import named_findings
+from .judging import judge
 from .validators import has_keys, how_off, positive
 
 __all__ = ["reference_saved_bytes", "saved_bytes", "diagnose", "PROBES"]

@@ -17,10 +17,10 @@ from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import N_, gettext
 from ...translation import gettext as _
-from ..judges import judge
 from . import call_student, judge_findings
 from .ex05 import named_findings
 from .ex07_probes import PROBES
+from .judging import judge
 from .validators import close, has_keys, how_off, shape_of, shapes, should_be, tensor
 
 __all__ = ["reference_two_step", "diagnose", "PROBES"]

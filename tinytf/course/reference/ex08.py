@@ -19,10 +19,10 @@ from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext
 from ...translation import gettext as _
-from ..judges import judge
 from . import call_student, judge_findings, stub_or, with_cause
 from .ex05 import named_findings
 from .ex08_probes import PROBES, earlier_parts_wrong, reference_cosine_lr
+from .judging import judge
 from .validators import has_keys, positive, shape_of, shapes, should_be
 
 __all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose"]

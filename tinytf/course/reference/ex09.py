@@ -17,9 +17,9 @@ import torch
 from tinytf.checks import Finding
 
 from ...translation import gettext as _
-from ..judges import judge
 from . import Probe, judge_findings, stub_or, swapped
 from .ex05 import named_findings
+from .judging import judge
 from .validators import close, float_inputs, has_keys, how_off, shapes, tensor
 
 __all__ = ["reference_fold", "diagnose", "PROBES", "MEMORY_FRACTION"]

@@ -19,9 +19,9 @@ from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import N_
 from ...translation import gettext as _
-from ..judges import judge
 from . import Probe, call_student, judge_findings, stub_or, swapped
 from .ex05 import named_findings
+from .judging import judge
 from .validators import bool_mask, close, float_inputs, has_keys, how_off, shapes, tensor
 
 __all__ = ["reference_expand_kv", "reference_cache_bytes", "diagnose", "PROBES"]

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from tinytf.checks import Finding, Pitfall
 
 from ...translation import gettext as _
-from ..judges import judge
 from . import Probe, call_student, judge_findings, stub_or
 from .ex05 import named_findings
 from .ex11_ranks import on_threads
+from .judging import judge
 from .validators import float_inputs, tensor
 
 __all__ = ["reference_split_qkv", "reference_row_parallel", "reference_merge_block", "diagnose", "PROBES", "WORLDS"]

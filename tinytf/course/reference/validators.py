@@ -1,6 +1,6 @@
 """Validators shared by the judges of every exercise: one place for the student-facing messages.
 
-A judge checks what a hidden test recorded (see :mod:`tinytf.course.judges`); each helper here
+A judge checks what a hidden test recorded (see :mod:`tinytf.course.reference.judging`); each helper here
 ``assert``s one property with a message a student can act on, and returns the value, converted
 where that helps the next check (``tensor`` gives float32, ``number`` a ``float``)::
 

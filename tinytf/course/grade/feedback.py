@@ -14,9 +14,9 @@ import json
 import shutil
 from pathlib import Path
 
+from ..ipynb import cell_source, nbgrader_meta, strip_hidden, write_atomic
+from ..messages import say, status_name, translate
 from .gradebook import CellResult, plain_html
-from .messages import say, status_name, translate
-from .notebook import cell_source, nbgrader_meta, strip_hidden, write_atomic
 
 __all__ = ["sanitize_for_feedback", "feedback_page"]
 
@@ -94,7 +94,7 @@ def _zero_failed(job: Path, ex: str, student: str, name: str, cells: list[CellRe
     """Our verdict overrides nbgrader's in the job's gradebook, so its feedback page shows our points."""
     from nbgrader.api import Gradebook
 
-    from .nbgrader_root import COURSE_ID
+    from ..build.nbgrader_root import COURSE_ID
 
     with Gradebook(f"sqlite:///{job / 'gradebook.db'}", COURSE_ID) as gb:
         for c in cells:
@@ -118,7 +118,7 @@ def feedback_page(job: Path, ex: str, student: str, name: str, cells: list[CellR
     nb["cells"].insert(0, _summary_cell(ex, student, cells, note, lang))
     write_atomic(job / "autograded" / student / ex / name, json.dumps(nb))
     try:
-        from .nbgrader_root import api
+        from ..build.nbgrader_root import api
 
         _zero_failed(job, ex, student, name, cells)
         result = api(job).generate_feedback(ex, student, force=True)

@@ -1,7 +1,7 @@
 """The self-check, the last cell of every exercise: ``tinytf validate``'s check, inside the running kernel.
 
 A student has two ways to check work and they must never disagree, so this is the same check with
-the same words (:func:`tinytf.course.check_report.format_report`):
+the same words (:func:`tinytf.course.check.report.format_report`):
 
 - the saved notebook is compared with the released exercise of its edition: deleted, renamed or
   edited test cells are reported, and the released version of each test is what runs;
@@ -16,6 +16,8 @@ every case of the student corpus. Nothing here raises into the notebook.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import io
 import json
 import os
@@ -26,16 +28,31 @@ from typing import Any
 
 from tinytf.language import notebook_language
 
-from ..translation import gettext as _
-from .check_report import CellCheck, Report, format_report
-from .diagnosis import diagnose_json
-from .messages import say
-from .nbgrader_root import REPO
-from .notebook import cell_source, describe_cell, first_line, nbgrader_meta, read_notebook
-from .release import load_manifest
-from .released_tests import find_released, is_source, released_folder, restore_tests
+from ...translation import gettext as _
+from ..build.release import load_manifest
+from ..exercises import REFERENCE_MODULES, REPO
+from ..ipynb import cell_source, describe_cell, first_line, nbgrader_meta, read_notebook
+from ..messages import say
+from .released import find_released, is_source, released_folder, restore_tests
+from .report import CellCheck, Report, format_report
 
-__all__ = ["in_kernel_check", "check_json", "self_check"]
+__all__ = ["finding_json", "diagnose", "in_kernel_check", "check_json", "self_check"]
+
+
+def finding_json(f: Any) -> dict[str, Any]:
+    """One finding (:class:`tinytf.checks.Finding`) as plain data: pitfall, title, message, and its own ``fix`` when it has one."""
+    out = {"pitfall": int(getattr(f, "pitfall", 0)), "title": str(getattr(f, "title", f)), "message": str(getattr(f, "message", ""))}
+    if getattr(f, "fix", ""):
+        out["fix"] = str(f.fix)
+    return out
+
+
+def diagnose(exercise: str, namespace: dict[str, Any]) -> list[dict[str, Any]]:
+    """The findings of ``reference.<exercise>.diagnose`` on the student's functions in ``namespace``, as
+    :func:`finding_json` dicts (none for an exercise without a diagnosis). Raises what the diagnosis raises."""
+    module = importlib.import_module(REFERENCE_MODULES[exercise]) if exercise in REFERENCE_MODULES else None
+    fn = getattr(module, "diagnose", None)
+    return [finding_json(f) for f in fn(namespace)] if fn is not None else []
 
 
 def _saved_notebook(exercise: str) -> Path | None:
@@ -65,7 +82,7 @@ def _run_test(source: str, namespace: dict[str, Any]) -> tuple[str, str]:
 
 def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang: str | None = None,
                     skip: Iterable[str] = ()) -> Report:
-    """The :class:`~tinytf.course.check_report.Report` of this kernel: structure, visible tests, diagnosis.
+    """The :class:`~tinytf.course.check.report.Report` of this kernel: structure, visible tests, diagnosis.
 
     ``skip``: test cells not to rerun (validate stopped them for time; the diagnosis runs on what was defined).
     """
@@ -76,7 +93,7 @@ def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang
     lang = lang or notebook_language()
     path = _saved_notebook(exercise)
     report = Report(str(path.relative_to(REPO) if path and path.is_relative_to(REPO) else path or exercise), exercise, lang=lang)
-    rel_path = find_released(exercise, released_folder(lang, None))
+    rel_path = report.released = find_released(exercise, released_folder(lang, None))
     released = json.loads(rel_path.read_text(encoding="utf-8")) if rel_path else None
     student = read_notebook(path) if path else (released or {"cells": []})
     if path is None:
@@ -92,11 +109,10 @@ def in_kernel_check(exercise: str, namespace: dict[str, Any] | None = None, lang
         message = say("not_implemented", lang) if message == "not_implemented" else message
         where = describe_cell(nb["cells"], index[gid], lang) if gid in index else ""
         report.cells.append(CellCheck(gid, pts, status, message, report.problems.get(gid, ""), where))
-    data = json.loads(diagnose_json(exercise, namespace))
-    if "error" in data:
-        report.diagnosis_error = say("diagnosis_failed", lang, error=data["error"])
-    else:
-        report.findings = list(data.get("findings", []))
+    try:
+        report.findings = diagnose(exercise, namespace)
+    except Exception as err:  # noqa: BLE001 - a diagnosis that crashes is reported, never raised into the notebook
+        report.diagnosis_error = say("diagnosis_failed", lang, error=f"{type(err).__name__}: {err}"[:500])
     return report
 
 
@@ -117,17 +133,14 @@ def self_check(exercise: str) -> None:
     — the stop button, or a time limit — is said in words)."""
     started = time.monotonic()
     try:
-        import importlib.util
-
-        if find_released(exercise, released_folder("en", None)) is None and importlib.util.find_spec(
-                f"tinytf.course.reference.{exercise}") is None:
-            print(say("sc_error", notebook_language(), ex=exercise, error=_("there is no exercise {exercise}").format(exercise=exercise)))
-            return
         report = in_kernel_check(exercise)
+        if report.released is None and importlib.util.find_spec(f"tinytf.course.reference.{exercise}") is None:
+            error = _("there is no exercise {exercise}").format(exercise=exercise)
+            print(say("sc_error", report.lang, ex=exercise, error=error))
+            return
         print(format_report(report, title=say("sc_title", report.lang, ex=exercise)))
         folder = released_folder(report.lang, None)
-        rel = find_released(exercise, folder)
-        where = (folder / (rel.name if rel else f"{exercise}_….ipynb")).relative_to(REPO).as_posix()
+        where = (folder / (report.released.name if report.released else f"{exercise}_….ipynb")).relative_to(REPO).as_posix()
         print(say("sc_full", report.lang, where=where))
     except KeyboardInterrupt:
         print(say("sc_interrupted", notebook_language(), ex=exercise, ran=time.monotonic() - started))

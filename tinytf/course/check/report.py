@@ -1,15 +1,16 @@
 """The report of an exercise check and its plain-language text: what ``tinytf validate`` (the nbclient
-runner, :mod:`tinytf.course.validate`) and the self-check (in the kernel, :mod:`tinytf.course.selfcheck`)
+runner, :mod:`tinytf.course.check.validate`) and the self-check (in the kernel, :mod:`tinytf.course.check.selfcheck`)
 both fill and print, so that the two never word a verdict differently."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ..translation import N_
-from ..translation import gettext as _
-from .messages import say
+from ...translation import N_
+from ...translation import gettext as _
+from ..messages import say
 
 __all__ = ["CellCheck", "Report", "finding_lines", "format_report"]
 
@@ -46,6 +47,7 @@ class Report:
     stopped: list[str] = field(default_factory=list)  # cells stopped for time, said in words
     notes: list[str] = field(default_factory=list)  # said, but nothing wrong (a test from an earlier release)
     source: bool = False  # an instructor source (solutions/): its own tests, hidden ones too, ran as written
+    released: Path | None = None  # the released notebook it was compared with
 
     @property
     def ok(self) -> bool:

@@ -3,7 +3,7 @@
 A Chinese twin lives beside its English notebook in a ``zh/`` folder with the same file name
 (``notebooks/zh/03_multi_head.ipynb``). Twins have the same cells (ids, types, metadata); their code
 cells are *the same program*: their syntax trees (:mod:`ast`) are identical once the words a student
-reads are masked (:func:`tinytf.course.displayed.masked_program`: comments, docstrings, printed and
+reads are masked (:func:`tinytf.course.build.displayed.masked_program`: comments, docstrings, printed and
 displayed text, assert and error messages, figure labels).
 
 Everything else (names, numbers, strings used as data, calls, arguments, format specs, defaults) must match:

@@ -2,7 +2,7 @@
 
 nbgrader's ``generate_assignment`` does the work (solution regions -> ``raise NotImplementedError()``,
 hidden tests removed, cells locked, checksums) inside a temporary course root with one assignment
-per exercise (see :mod:`tinytf.course.nbgrader_root`). The result is written with sorted keys,
+per exercise (see :mod:`tinytf.course.build.nbgrader_root`). The result is written with sorted keys,
 stable cell ids and a final newline, so releasing twice gives byte-identical files.
 
 Every release is remembered: ``releases.json`` next to the released notebooks (``exercises/`` and
@@ -24,9 +24,9 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from .exercises import EDITION_FOLDERS
+from ..exercises import EDITION_FOLDERS
 from .nbgrader_root import REPO, SUPPORT_FILES, build_course_root, find_notebooks
-from .notebook import cell_source, dumps_notebook, is_test_cell, load_json, nbgrader_meta, write_atomic
+from ..ipynb import cell_source, dumps_notebook, is_test_cell, load_json, nbgrader_meta, write_atomic
 
 __all__ = ["release", "release_editions", "released_text", "EDITION_FOLDERS", "MANIFEST", "SUPPORT_FILES", "test_checksum",
            "load_manifest", "record_release", "record_history", "earlier_release"]

@@ -52,33 +52,26 @@ def skip_slow_imports() -> None:
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None: "import fails"
 
 
-def kernel_config() -> Any:
-    """The traitlets config for the kernels we start (nbclient here, nbgrader's in the grader).
+def kernel_config(ipc_dir: str | os.PathLike | None = None) -> Any:
+    """The traitlets config of every kernel we start (nbclient's, nbgrader's and papermill's): one per kernel.
 
-    Call it once per kernel. IPC transport: the kernel's sockets are files under a path made fresh by
-    each call (absolute: the kernel runs in the notebook's folder, its client elsewhere), so kernels
-    started at the same moment — two validate runs, a grading job beside a test — never race for a TCP
-    port (on TCP, jupyter_client picks a free port, frees it and hands it to the kernel, and a second
-    kernel could take it meanwhile: "Address already in use"), and no socket is reachable over the
-    network. jupyter_client then provisions CurveZMQ keys for kernelspecs that declare ``supported_encryption:
-    curve`` (ipykernel >= 7), so the kernel's sockets are encrypted and it no longer logs
-    "Kernel is running over TCP without encryption". Kernels that cannot are started as before.
-    The kernel is stopped as soon as the run ends (``shutdown_kernel = "immediate"``).
+    IPC transport: the kernel's sockets are files under a path made fresh by each call (in ``ipc_dir``, else
+    the temporary folder), so kernels started at the same moment never race for a TCP port (jupyter_client
+    picks a free port, frees it and hands it to the kernel: "Address already in use"), no socket is reachable
+    over the network, and a kernel in a sandbox without a network (:mod:`tinytf.course.grade.sandbox`) still
+    talks to its client through the folder they share. jupyter_client provisions CurveZMQ keys for kernelspecs
+    that declare ``supported_encryption: curve`` (ipykernel >= 7). The kernel is stopped as soon as the run
+    ends (``shutdown_kernel = "immediate"``: a graceful shutdown only waits, 0.7-1 s a notebook).
     """
     import zmq  # Jupyter's messaging and config: kept out of `import tinytf`
     from traitlets.config import Config
 
     c = Config()
     c.KernelManager.transport = "ipc"
-    c.KernelManager.ip = str(Path(tempfile.gettempdir()) / f"tinytf-kernel-{uuid.uuid4().hex[:12]}")  # sockets: <ip>-<port>
+    base = Path(ipc_dir) if ipc_dir is not None else Path(tempfile.gettempdir())
+    c.KernelManager.ip = str(base / f"k-{uuid.uuid4().hex[:12]}")  # sockets: <ip>-<port> (short: a socket path has 108 bytes)
     c.KernelManager.transport_encryption = "auto" if zmq.has("curve") else "disabled"
-    # the run is over when the last cell is: stop the kernel at once instead of asking it to shut down and
-    # polling until it has (nbclient's "graceful" wait was 0.7-1 s a notebook; nothing of a run is left to save)
     c.NotebookClient.shutdown_kernel = "immediate"
-    from .kernels import zygote_for_this_process
-
-    if zygote_for_this_process():  # forked from a preloaded zygote (tinytf.course.kernels): no imports to wait for
-        c.NotebookClient.kernel_manager_class = "tinytf.course.kernels.ForkedKernelManager"  # a name: configs go to JSON
     return c
 
 

@@ -5,7 +5,8 @@ figure is an ``image/png`` output; ``TINYTF_HEADLESS=1``, so widgets are their s
 thread), into ``build/executed/<path under notebooks/>``. A copy is reused when it is newer than its
 source *and* its stored :func:`execution_key` matches: a hash of the notebook, of the ``tinytf`` package's
 files and of these options, so a library change re-executes. ``make book`` and
-``python -m tinytf.course.book --execute-only`` use it.
+``python -m tinytf.course.build.book --execute-only`` use it. The notebooks run in stock kernels started by papermill,
+``jobs`` at a time in a :class:`concurrent.futures.ProcessPoolExecutor` (spawned workers that import papermill once).
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
+import multiprocessing
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from .nbgrader_root import REPO
-from .notebook import load_json, write_atomic
+from ..ipynb import load_json, write_atomic
 
 __all__ = ["EXECUTED", "OPTIONS", "executed_path", "execution_key", "missing_glyphs", "execute", "execute_all", "main"]
 
@@ -31,8 +33,7 @@ PACKAGE = REPO / "tinytf"
 INLINE = "module://matplotlib_inline.backend_inline"  # figures become image/png outputs (Agg would leave "<Figure size ...>")
 # what the executor does, in the key: changing it re-executes every copy
 OPTIONS = {"backend": INLINE, "headless": "1", "kernel": "python3", "threads": "1", "version": 2}
-_PAPERMILL = str(Path(__file__).resolve().parent / "papermill_run.py")  # papermill with a forked kernel (run by path)
-_BUILDERS = ("executed.py", "book.py")  # this module and the book's: no chapter imports them; OPTIONS holds what they do to a run
+_BUILDERS = ("build/executed.py", "build/book.py")  # this module and the book's: no chapter imports them; OPTIONS holds what they do to a run
 
 
 def executed_path(nb: Path, root: Path = EXECUTED) -> Path:
@@ -83,47 +84,53 @@ def _stored_key(out: Path) -> str | None:
         return None
 
 
-def execute(nb: Path, device: str = "cpu", *, root: Path = EXECUTED, force: bool = False) -> Path:
-    """Execute ``nb`` with papermill into :func:`executed_path` (``-p device``; inline backend, so each
-    figure is an ``image/png`` output; ``TINYTF_HEADLESS=1``: widgets as static figures; one thread).
+def _fresh(nb: Path, out: Path, key: str) -> bool:
+    return out.exists() and out.stat().st_mtime >= nb.stat().st_mtime and _stored_key(out) == key
 
-    Reused without running when the copy is newer than ``nb`` and its stored :func:`execution_key`
-    matches (same notebook, same ``tinytf`` files, same options); ``force`` runs it anyway. Raises
-    RuntimeError when a cell fails (the partial run is kept as ``<name>.failed.ipynb``, no copy is left
-    to be reused). Returns the copy's path.
-    """
-    nb = Path(nb).resolve()
-    out, key = executed_path(nb, root), execution_key(nb, device)
-    if not force and out.exists() and out.stat().st_mtime >= nb.stat().st_mtime and _stored_key(out) == key:
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(f".{out.stem}.running.ipynb")
-    from .kernels import zygote_for_this_process
 
-    zygote_for_this_process()  # papermill_run.py forks the kernel from it (TINYTF_KERNEL_ZYGOTE)
-    env = dict(os.environ, TINYTF_HEADLESS=OPTIONS["headless"], TINYTF_DEVICE=device, MPLBACKEND=INLINE,
-               OMP_NUM_THREADS=OPTIONS["threads"])
-    cmd = [sys.executable, _PAPERMILL, str(nb), str(part), str(nb.parent), device, OPTIONS["kernel"], "600"]
+def _worker_start(device: str) -> None:
+    """A worker's start: the kernels' environment (inline figures, widgets as static figures, one thread), papermill."""
+    from ..ipynb import skip_slow_imports
+
+    os.environ.update(TINYTF_HEADLESS=OPTIONS["headless"], TINYTF_DEVICE=device, MPLBACKEND=INLINE, OMP_NUM_THREADS=OPTIONS["threads"])
+    skip_slow_imports()
+    import papermill  # noqa: F401 - once per worker
+
+    logging.getLogger("papermill").setLevel(logging.WARNING)
+
+
+def _papermill(nb: Path, part: Path, device: str) -> tuple[str, float]:
+    """In a worker: papermill ``nb`` into ``part`` with ``-p device`` in a fresh kernel; ``("" or the failing cell's
+    error, seconds)``."""
+    import papermill
+
+    from ..ipynb import kernel_config
+
     start = time.perf_counter()
-    run = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    noise = ("without encryption", "Use IPC transport")  # ipykernel's TCP note: nothing for a reader
-    sys.stderr.write("".join(ln for ln in run.stderr.splitlines(keepends=True) if not any(n in ln for n in noise)))
-    if run.returncode:
-        failed = out.with_name(f"{out.stem}.failed.ipynb")
+    try:
+        papermill.execute_notebook(str(nb), str(part), parameters={"device": device}, kernel_name=OPTIONS["kernel"],
+                                   cwd=str(nb.parent), progress_bar=False, execution_timeout=600, config=kernel_config())
+    except papermill.PapermillExecutionError as err:
+        return str(err), time.perf_counter() - start
+    return "", time.perf_counter() - start
+
+
+def _finish(nb: Path, out: Path, key: str, device: str, error: str, seconds: float) -> Path:
+    """Store a run's copy with its key; RuntimeError (the partial run kept as ``<name>.failed.ipynb``) when it failed."""
+    part, failed = out.with_name(f".{out.stem}.running.ipynb"), out.with_name(f"{out.stem}.failed.ipynb")
+    done = load_json(part) if part.exists() and not error else None
+    if done is not None and os.environ.get("TINYTF_REQUIRE_CJK_FONT") == "1" and (boxes := missing_glyphs(done)):
+        error = (f"it drew text its font lacks (TINYTF_REQUIRE_CJK_FONT=1): {boxes[0]} - put a matplotlibrc naming a CJK "
+                 "font in its folder (notebooks/zh/matplotlibrc) and install one")
+    if error or done is None:
         if part.exists():
             part.replace(failed)
         out.unlink(missing_ok=True)  # neither a failed run nor an older copy may pass for this one
-        raise RuntimeError(f"executing {_rel(nb)} failed (papermill exit {run.returncode}); the partial copy is {_rel(failed)}")
-    done = load_json(part)
-    if os.environ.get("TINYTF_REQUIRE_CJK_FONT") == "1" and (boxes := missing_glyphs(done)):
-        part.replace(out.with_name(f"{out.stem}.failed.ipynb"))
-        out.unlink(missing_ok=True)
-        raise RuntimeError(f"{_rel(nb)} drew text its font lacks (TINYTF_REQUIRE_CJK_FONT=1): {boxes[0]} - put a "
-                           "matplotlibrc naming a CJK font in its folder (notebooks/zh/matplotlibrc) and install one")
+        raise RuntimeError(f"executing {_rel(nb)} failed; the partial copy is {_rel(failed)}\n{error}")
     done["metadata"]["tinytf"] = {"execution_key": key, "device": device}
     write_atomic(out, json.dumps(done, ensure_ascii=False, indent=1) + "\n")
     part.unlink()
-    print(f"executed {_rel(nb)} -> {_rel(out)} in {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"executed {_rel(nb)} -> {_rel(out)} in {seconds:.0f} s", flush=True)
     return out
 
 
@@ -131,31 +138,50 @@ def _rel(p: Path) -> str:
     return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
 
 
-def execute_all(notebooks: Iterable[Path], device: str = "cpu", jobs: int = 2) -> list[Path]:
-    """:func:`execute` each notebook, ``jobs`` at a time (every one is tried); the copies, in order.
-    RuntimeError naming every notebook that failed."""
-    notebooks = list(notebooks)
+def execute_all(notebooks: Iterable[Path], device: str = "cpu", jobs: int = 2, *, root: Path = EXECUTED,
+                force: bool = False) -> list[Path]:
+    """Execute each notebook with papermill into :func:`executed_path` (``-p device``; the inline backend, so each
+    figure is an ``image/png`` output; ``TINYTF_HEADLESS=1``: widgets as static figures; one thread), ``jobs`` at a time.
 
-    def one(nb: Path) -> Path | Exception:
-        try:
-            return execute(nb, device)
-        except RuntimeError as err:
-            return err
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = list(pool.map(one, notebooks))
-    failed = [str(r) for r in results if isinstance(r, Exception)]
+    A copy is reused without running when it is newer than its notebook and its stored :func:`execution_key`
+    matches (same notebook, same ``tinytf`` files, same options); ``force`` runs it anyway. Every notebook is
+    tried; RuntimeError names every one that failed (its partial run kept as ``<name>.failed.ipynb``, no copy left
+    to be reused). Returns the copies' paths, in order.
+    """
+    notebooks = [Path(nb).resolve() for nb in notebooks]
+    outs = [executed_path(nb, root) for nb in notebooks]
+    keys = [execution_key(nb, device) for nb in notebooks]
+    todo = [i for i, (nb, out, key) in enumerate(zip(notebooks, outs, keys)) if force or not _fresh(nb, out, key)]
+    failed: list[str] = []
+    if todo:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))), mp_context=context, initializer=_worker_start,
+                                 initargs=(device,)) as pool:
+            runs = {}
+            for i in todo:
+                outs[i].parent.mkdir(parents=True, exist_ok=True)
+                runs[i] = pool.submit(_papermill, notebooks[i], outs[i].with_name(f".{outs[i].stem}.running.ipynb"), device)
+            for i, fut in runs.items():
+                try:
+                    _finish(notebooks[i], outs[i], keys[i], device, *fut.result())
+                except RuntimeError as err:
+                    failed.append(str(err))
     if failed:
         raise RuntimeError("\n".join(failed))
-    return results  # type: ignore[return-value]
+    return outs
+
+
+def execute(nb: Path, device: str = "cpu", *, root: Path = EXECUTED, force: bool = False) -> Path:
+    """:func:`execute_all` of one notebook: its executed copy (reused when up to date)."""
+    return execute_all([nb], device, 1, root=root, force=force)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tinytf.course.executed [--jobs N] [--device D] NOTEBOOK ...`` (``make notebooks``): execute
+    """``python -m tinytf.course.build.executed [--jobs N] [--device D] NOTEBOOK ...`` (``make notebooks``): execute
     each notebook once into ``build/executed/`` (up-to-date copies reused); exit 1 naming every one that failed."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m tinytf.course.executed", description=main.__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tinytf.course.build.executed", description=main.__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2, help="notebooks executed in parallel")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("notebooks", nargs="+", type=Path)

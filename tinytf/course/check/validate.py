@@ -7,9 +7,9 @@ reported pass/fail with its message, the student's functions are diagnosed in th
 ``tinytf.course.reference.exNN.diagnose`` (findings from :mod:`tinytf.checks`, sent back as JSON),
 and the exit status is non-zero when anything is wrong.
 
-``self_check("exNN")`` (:mod:`tinytf.course.selfcheck`) is the other front end of the same check, inside
-the running kernel; the parts both use are :mod:`tinytf.course.check_report` (the report and its text),
-:mod:`tinytf.course.released_tests` (the released test cells restored) and :mod:`tinytf.course.diagnosis`.
+``self_check("exNN")`` (:mod:`tinytf.course.check.selfcheck`) is the other front end of the same check, inside
+the running kernel; the parts both use are :mod:`tinytf.course.check.report` (the report and its text),
+:mod:`tinytf.course.check.released` (the released test cells restored) and :mod:`tinytf.course.check.selfcheck`.
 """
 
 from __future__ import annotations
@@ -23,20 +23,15 @@ from typing import Any
 
 from tinytf.language import edition_of
 
-from ..translation import gettext as _
-from .check_report import CellCheck, Report, format_report
-from .diagnosis import diagnose_json
-from .messages import say
-from .nbgrader_root import exercise_id
-from .notebook import cell_source, describe_cell, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook, skip_slow_imports
-from .release import load_manifest
-from .released_tests import find_released, is_source, released_folder, restore_tests
+from ...translation import gettext as _
+from ..build.release import load_manifest
+from ..exercises import exercise_id
+from ..ipynb import cell_source, describe_cell, first_line, is_test_cell, kernel_config, nbgrader_meta, read_notebook, skip_slow_imports
+from ..messages import say
+from .released import find_released, is_source, released_folder, restore_tests
+from .report import CellCheck, Report, format_report
 
-# the shared parts are re-exported: ``from tinytf.course.validate import format_report`` keeps working
-__all__ = [
-    "CellCheck", "Report", "is_source", "validate", "format_report", "diagnose_json", "find_released",
-    "released_folder", "restore_tests",
-]
+__all__ = ["validate", "format_report"]
 
 _MARK = "__TINYTF_DIAGNOSIS__"
 
@@ -52,7 +47,7 @@ class _Run:
 
 
 def _diag_code(ex: str, skip: list[str]) -> str:
-    return (f"from tinytf.course.selfcheck import check_json as _tinytf_cj\n"
+    return (f"from tinytf.course.check.selfcheck import check_json as _tinytf_cj\n"
             f"print({_MARK!r} + _tinytf_cj({ex!r}, skip={skip!r}))")
 
 

@@ -1,43 +1,27 @@
-"""The clean "finish" process of ``tinytf grade``: judge each graded job and write its feedback page.
+"""The verdict on one graded submission: each test cell's status and points, and the student's feedback page.
 
-``python -I -m tinytf.course.finish --spec JOBS.json --course ROOT`` runs no student code. For every
-job it decides each test cell's status from the submitted notebook (deleted, renamed or edited test
-cells), nbgrader's executed notebook (errors, timeouts) and the clean-process judges
-(:mod:`tinytf.course.judges`): a cell nbgrader passed whose judge fails is ``failed`` — or ``tampered``
-when its record shows that checking functions had been replaced in the kernel — and one whose record
-is missing (``record`` bypassed) is ``tampered``; both earn 0. It writes the feedback page
-(:mod:`tinytf.course.feedback`) and the job's verdict to ``<job>/result.json``.
+:func:`verdict` runs in a worker of the grading pool after :func:`tinytf.course.grade.sandbox.autograde`, in that
+clean interpreter (started by spawn, never running student code; the student's code ran in the sandboxed
+kernel). It decides each test cell's status from the submitted notebook (deleted, renamed or edited test
+cells), nbgrader's executed notebook (errors, timeouts) and the judges (:mod:`tinytf.course.reference.judging`):
+a cell nbgrader passed whose judge fails is ``failed`` — or ``tampered`` when its record shows that checking
+functions had been replaced in the kernel — and one whose record is missing (``record`` bypassed) is
+``tampered``; both earn 0. It writes the feedback page (:mod:`tinytf.course.grade.feedback`).
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import json
-import os
 import re
-import sys
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
-from .feedback import feedback_page, sanitize_for_feedback
-from .gradebook import CellResult
-from .notebook import (
-    cell_source,
-    cells_by_id,
-    first_line,
-    hidden_lines,
-    load_json,
-    nbgrader_meta,
-    skip_slow_imports,
-    strip_ansi,
-    strip_hidden,
-    write_atomic,
-)
-from .release import earlier_release, load_manifest
+from ..build.release import earlier_release, load_manifest
+from ..ipynb import cell_source, cells_by_id, first_line, hidden_lines, load_json, nbgrader_meta, strip_ansi, strip_hidden
+from .feedback import feedback_page
+from .gradebook import CellResult, ExerciseResult, aggregate
+from .sandbox import Job, SandboxRun
 
-__all__ = ["CellSpec", "grade_specs", "classify_test_cell", "judge_cells", "sanitize_for_feedback", "main"]
+__all__ = ["CellSpec", "grade_specs", "classify_test_cell", "judge_cells", "verdict"]
+
 
 @dataclass(frozen=True)
 class CellSpec:
@@ -117,25 +101,22 @@ def _kernel_death(log: str) -> bool:
     return any(s in log for s in ("DeadKernelError", "Kernel died", "kernel died", "KernelDied"))
 
 
-def _executed(job: Path, student: str, ex: str, name: str) -> tuple[dict, str]:
+def _executed(job: Job, run: SandboxRun) -> tuple[dict, str]:
     """nbgrader's autograded notebook (or {}) and a note on why there is none."""
-    sandbox = load_json(job / "sandbox.json")
-    verdict = load_json(job / "autograde.json") if (job / "autograde.json").exists() else {}
-    ag_path = job / "autograded" / student / ex / name
-    if sandbox["timed_out"]:
-        return {}, f"the notebook ran past the whole-notebook limit ({sandbox['limit']:g} s) and was stopped"
-    if ag_path.exists() and verdict.get("success"):
-        return load_json(ag_path), ""
-    log = verdict.get("log", "") + verdict.get("error", "")
-    if _kernel_death(log) or not verdict:
+    autograded = job.workdir / job.name
+    if run.timed_out:
+        return {}, f"the notebook ran past the whole-notebook limit ({job.limits.timeout:g} s) and was stopped"
+    if autograded.exists() and run.success:
+        return load_json(autograded), ""
+    if _kernel_death(run.log) or not run.log:
         return {}, "the notebook's kernel died (os._exit, a crash, or the memory limit) and grading stopped"
-    return {}, "nbgrader could not grade this notebook: " + (log.strip().splitlines() or ["no log"])[-1][:200]
+    return {}, "nbgrader could not grade this notebook: " + (run.log.strip().splitlines() or ["no log"])[-1][:200]
 
 
 def _cell_status(spec: CellSpec, cell: dict | None, executed: dict[str, dict], records: dict, timed_out: bool,
                  note: str, limit: float | None = None, manifest: dict | None = None, ex: str = "") -> tuple[str, str]:
     """``(status, message)`` of one graded cell of one job; ``manifest``: every release's test cells
-    (:func:`tinytf.course.release.load_manifest`), a test cell matching one of them is no edit."""
+    (:func:`tinytf.course.build.release.load_manifest`), a test cell matching one of them is no edit."""
     if cell is None:
         return "missing-cell", "this test cell is missing from the submission (deleted, renamed, or metadata stripped)"
     if spec.kind == "manual":
@@ -152,7 +133,7 @@ def _cell_status(spec: CellSpec, cell: dict | None, executed: dict[str, dict], r
 def _graded_status(spec: CellSpec, executed: dict[str, dict], records: dict, timed_out: bool, note: str,
                    limit: float | None) -> tuple[str, str]:
     """``(status, message)`` of a test cell whose source is accepted, from the run and its judge."""
-    from .judges import run_judge
+    from ..reference.judging import run_judge
 
     if timed_out:
         return "timeout", note
@@ -177,7 +158,7 @@ def _graded_status(spec: CellSpec, executed: dict[str, dict], records: dict, tim
 
 def _stopped_cells(nb: dict, limit: float | None) -> list[str]:
     """The student's own cells (not test cells) that were stopped for time, in words."""
-    from .notebook import describe_cell, is_test_cell
+    from ..ipynb import describe_cell, is_test_cell
 
     cells = nb.get("cells", []) if nb else []
     return [f"{describe_cell(cells, i)}: {timeout_message(c, limit)}" for i, c in enumerate(cells)
@@ -185,87 +166,35 @@ def _stopped_cells(nb: dict, limit: float | None) -> list[str]:
             and any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError" for o in c.get("outputs", []))]
 
 
-def judge_cells(job: Path, course: Path, ex: str, student: str, name: str, submission: Path) -> tuple[list[CellResult], str, dict]:
+def judge_cells(job: Job, run: SandboxRun) -> tuple[list[CellResult], str, dict]:
     """Per-cell results for one job, a one-line note, and the autograded notebook (or {})."""
-    from .record import load_records
+    from ..reference.judging import load_records
 
+    ex, name, course = job.exercise, job.name, job.course
     also_path = course / "released-earlier" / name
     specs = grade_specs(load_json(course / "source" / ex / name), load_json(also_path) if also_path.exists() else None)
-    submitted = cells_by_id(load_json(submission))
-    autograded, note = _executed(job, student, ex, name)
+    submitted = cells_by_id(load_json(job.submission))
+    autograded, note = _executed(job, run)
     if not submitted:
         note = (note + "; " if note else "") + "the submission has no nbgrader cell metadata (stripped?)"
-    records = load_records(job / "records")
+    records = load_records(job.records)
     executed = cells_by_id(autograded)
-    timed_out = bool(load_json(job / "sandbox.json")["timed_out"])
-    config = job.parent / f"{student}__{ex}.nbgrader.json"
-    limit = load_json(config).get("Execute", {}).get("timeout") if config.exists() else None
+    limit = job.config.get("Execute", {}).get("timeout")
     note = "; ".join(x for x in (note, *_stopped_cells(autograded, limit)) if x)
     manifest = load_manifest(course / "released-earlier")
     results = []
     for spec in specs:
-        status, message = _cell_status(spec, submitted.get(spec.grade_id), executed, records, timed_out, note, limit,
+        status, message = _cell_status(spec, submitted.get(spec.grade_id), executed, records, run.timed_out, note, limit,
                                        manifest, ex)
-        results.append(CellResult(student, ex, spec.grade_id, spec.points if status == "ok" else 0.0, spec.points, status, message))
+        results.append(CellResult(job.display, ex, spec.grade_id, spec.points if status == "ok" else 0.0, spec.points, status,
+                                  message))
     return results, note, autograded
 
 
-def _load_judge_files(files: Iterable[str]) -> None:
-    for i, path in enumerate(files):
-        spec = importlib.util.spec_from_file_location(f"_tinytf_extra_judges_{i}", path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load judges from {path}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-
-
-def _finish_one(item: dict, course: Path) -> None:
-    """Judge one job and write its feedback page and ``<job>/result.json``."""
-    job = Path(item["job"])
-    try:
-        lang, root = item.get("edition", "en"), Path(item.get("course", course))  # the submission's edition
-        cells, note, autograded = judge_cells(job, root, item["exercise"], item["student"], item["name"], Path(item["submission"]))
-        fb = feedback_page(job, item["exercise"], item["student"], item["name"], cells, note, autograded, lang)
-        payload = {"note": note, "feedback": str(fb), "cells": [asdict(c) for c in cells]}
-    except Exception as err:  # noqa: BLE001 - one broken job must not stop the others
-        payload = {"error": f"{type(err).__name__}: {err}"[:300]}
-    write_atomic(job / "result.json", json.dumps(payload))
-
-
-def finish(spec: Path | None, course: Path, judge_files: Iterable[str] = ()) -> None:
-    """Judge and render feedback for every job listed in ``spec`` (a JSON list), one by one; with
-    ``spec`` None, for every job read from stdin (one JSON object a line) as the grader sends them,
-    each as soon as its sandbox has ended."""
-    from .nbgrader_root import ensure_tool_path
-
-    ensure_tool_path()
-    _load_judge_files(judge_files)
-    if spec is None:  # what every job needs, imported while the first sandboxes run
-        import nbgrader.apps  # noqa: F401
-
-        from .judges import load_all
-
-        load_all()
-    items = load_json(spec) if spec is not None else (json.loads(line) for line in sys.stdin if line.strip())
-    for item in items:
-        _finish_one(item, course)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -I -m tinytf.course.finish [--spec JOBS.json] --course ROOT [--judge-file F ...]``
-    (without ``--spec``: the jobs come on stdin, one JSON object a line)."""
-    skip_slow_imports()
-    parser = argparse.ArgumentParser(prog="python -m tinytf.course.finish")
-    parser.add_argument("--spec", help="JSON list of jobs to judge (default: one job a line on stdin)")
-    parser.add_argument("--course", required=True)
-    parser.add_argument("--judge-file", action="append", default=[])
-    args = parser.parse_args(argv)
-    finish(Path(args.spec) if args.spec else None, Path(args.course), args.judge_file)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # every result is written (atomically); the interpreter's shutdown only costs time
+def verdict(job: Job, run: SandboxRun) -> ExerciseResult:
+    """The gradebook's result for ``job`` after its sandboxed ``run``, with its feedback page written."""
+    cells, note, autograded = judge_cells(job, run)
+    result = aggregate(job.display, job.exercise, cells, note)
+    result.feedback = str(feedback_page(job.root, job.exercise, job.student, job.name, cells, note, autograded, job.edition))
+    result.edition = job.edition
+    return result

@@ -1,6 +1,6 @@
 """``make book``: the executed chapters as two static sites, one per language, that work offline.
 
-1. Every chapter is executed with papermill into ``build/executed/`` by :func:`tinytf.course.executed.execute`
+1. Every chapter is executed with papermill into ``build/executed/`` by :func:`tinytf.course.build.executed.execute`
    (the inline backend, so every figure is a PNG output; widgets as their static figures), reused when
    newer than its source and executed from the same notebook, ``tinytf`` package and options.
 2. Each language's pages are assembled in ``build/book-src/<lang>/``: a landing page (what the course
@@ -11,8 +11,8 @@
    language, ``build/book/en/`` and ``build/book/zh/`` (own sidebar, own search index, the Chinese one
    segmented by jieba), and ``build/book/index.html`` links to both.
 
-``python -m tinytf.course.book [--jobs N] [--out DIR]`` builds the books;
-``python -m tinytf.course.book --execute-only [--jobs N] [NOTEBOOK ...]`` only executes (every chapter of
+``python -m tinytf.course.build.book [--jobs N] [--out DIR]`` builds the books;
+``python -m tinytf.course.build.book --execute-only [--jobs N] [NOTEBOOK ...]`` only executes (every chapter of
 both editions unless notebooks are named).
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .executed import EXECUTED, execute, execute_all
 from .nbgrader_root import REPO
-from .notebook import cell_source, load_json
+from ..ipynb import cell_source, load_json
 
 __all__ = ["Edition", "EDITIONS", "EXECUTED", "execute", "chapter_sources", "book_page", "glossary_terms", "assemble", "build",
            "main"]
@@ -225,7 +225,7 @@ def _title_md(md: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tinytf.course.book", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tinytf.course.build.book", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "build" / "book"))
     parser.add_argument("--jobs", type=int, default=2, help="notebooks executed (and books built) in parallel")
     parser.add_argument("--device", default="cpu")

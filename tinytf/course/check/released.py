@@ -1,6 +1,6 @@
 """The released test cells an exercise check runs: where the released notebook of an edition is, whether a
 notebook is an instructor source, and the notebook to execute with the released tests restored. Shared by
-``tinytf validate`` (:mod:`tinytf.course.validate`) and the self-check (:mod:`tinytf.course.selfcheck`)."""
+``tinytf validate`` (:mod:`tinytf.course.check.validate`) and the self-check (:mod:`tinytf.course.check.selfcheck`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import copy
 import os
 from pathlib import Path
 
-from .check_report import Report
-from .exercises import EDITION_FOLDERS, REPO
-from .messages import say
-from .notebook import cell_source, is_test_cell, nbgrader_meta
-from .release import earlier_release
+from ..build.release import earlier_release
+from ..exercises import EDITION_FOLDERS, REPO
+from ..ipynb import cell_source, is_test_cell, nbgrader_meta
+from ..messages import say
+from .report import Report
 
 __all__ = ["find_released", "released_folder", "is_source", "restore_tests"]
 
@@ -35,7 +35,7 @@ def restore_tests(student: dict, released: dict | None, report: Report,
 
     An instructor source (:func:`is_source`) is checked as a source: its own test cells, hidden tests
     included, run as written, and none is compared with the release. A test cell that differs from
-    today's release but matches an earlier one (``manifest``: :func:`tinytf.course.release.load_manifest`)
+    today's release but matches an earlier one (``manifest``: :func:`tinytf.course.build.release.load_manifest`)
     is not edited: today's version runs, and a note says so.
     """
     nb = copy.deepcopy(student)

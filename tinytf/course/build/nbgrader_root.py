@@ -16,7 +16,7 @@ the solutions, the released copies, tinytf's source and nbgrader's version: a gr
 test session) builds each edition's root once, and any edit to those inputs rebuilds it.
 
 Everything is configured programmatically (no ``nbgrader_config.py`` is read). The notebook
-helpers (reading, deterministic writing, cell metadata) are in :mod:`tinytf.course.notebook`.
+helpers (reading, deterministic writing, cell metadata) are in :mod:`tinytf.course.ipynb`.
 """
 
 from __future__ import annotations
@@ -33,15 +33,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .exercises import REPO
-from .notebook import kernel_config
+from ..exercises import REPO, exercise_id, find_notebooks
+from ..ipynb import kernel_config
 
 __all__ = [
     "SUPPORT_FILES",
     "COURSE_ID",
-    "REPO",
-    "exercise_id",
-    "find_notebooks",
     "nbgrader_config",
     "api",
     "ensure_tool_path",
@@ -55,34 +52,6 @@ SUPPORT_FILES = ("matplotlibrc",)  # a solutions folder's files its exercises ne
 PACKAGE = Path(__file__).resolve().parents[1]  # tinytf/: its source is part of a cached root's key
 CACHE = REPO / "build" / "course-roots"
 _KEEP = 12  # cached roots kept (the most recently used)
-_EX = re.compile(r"^(ex\d\d)(?:_[A-Za-z0-9_-]*)?$")
-
-
-def exercise_id(name: str | os.PathLike) -> str:
-    """``"ex03"`` from ``"ex03_heads.ipynb"`` / a path / ``"ex03"``; ValueError otherwise."""
-    stem = Path(name).name.removesuffix(".ipynb")
-    m = _EX.match(stem)
-    if not m:
-        raise ValueError(f"{name!s}: exercise notebooks are named exNN_<topic>.ipynb (e.g. ex03_heads.ipynb)")
-    return m.group(1)
-
-
-def find_notebooks(folder: str | os.PathLike, exercises: Iterable[str] | None = None) -> dict[str, Path]:
-    """``{exercise_id: path}`` for ``folder/exNN_*.ipynb``, optionally only ``exercises``."""
-    wanted = set(exercises) if exercises is not None else None
-    out: dict[str, Path] = {}
-    for path in sorted(Path(folder).glob("ex[0-9][0-9]*.ipynb")):
-        try:
-            ex = exercise_id(path)
-        except ValueError:
-            continue
-        if wanted is None or ex in wanted:
-            if ex in out:
-                raise ValueError(f"two notebooks for {ex}: {out[ex].name} and {path.name}")
-            out[ex] = path
-    if wanted is not None and set(out) != wanted:
-        raise FileNotFoundError(f"no notebook in {folder} for {sorted(wanted - set(out))}")
-    return out
 
 
 def ensure_tool_path() -> None:
@@ -211,7 +180,7 @@ def course_root_key(solutions: dict[str, Path], released: str | os.PathLike | No
         if copy is not None and copy.is_file():
             h.update(f"released {copy.name}\n".encode() + copy.read_bytes())
     manifest = Path(released) / "releases.json" if released else None
-    if manifest is not None and manifest.is_file():  # every release's test cells (tinytf.course.release)
+    if manifest is not None and manifest.is_file():  # every release's test cells (tinytf.course.build.release)
         h.update(b"releases.json\n" + manifest.read_bytes())
     for py in sorted(Path(source).rglob("*.py")):
         h.update(f"source {py.relative_to(source).as_posix()}\n".encode() + py.read_bytes())

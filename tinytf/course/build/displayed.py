@@ -1,7 +1,7 @@
 """What a student reads in a code cell, told apart from what runs.
 
 :func:`masked_program` is a cell's syntax tree with the words a student reads masked (the twin rule of
-:mod:`tinytf.course.editions` compares those trees). Masked are comments, docstrings and the text of
+:mod:`tinytf.course.build.editions` compares those trees). Masked are comments, docstrings and the text of
 
 - ``print(...)`` / ``display(...)`` / ``Markdown(...)`` / ``HTML(...)`` strings: a string literal, the
   literal parts of an f-string (its ``{expressions}`` stay, in the same order), ``+`` / ``%`` /

@@ -3,7 +3,7 @@
 ``OUT/grades.csv``, ``OUT/grades_per_cell.csv``, ``OUT/feedback/<student>/<exercise>.html`` and
 ``OUT/summary.txt``, written atomically, sorted, without timestamps: the same results give the same
 files. :func:`read_gradebook` reads the CSVs back into results, so gradebooks of disjoint groups of
-students merge into the one a single run would write (:mod:`tinytf.course.shard`).
+students merge into the one a single run would write (:mod:`tinytf.course.grade.students`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..translation import gettext as _
-from .notebook import write_atomic
+from ...translation import gettext as _
+from ..ipynb import write_atomic
 
 __all__ = ["STATUSES", "CellResult", "ExerciseResult", "aggregate", "whole", "plain_html", "summary_text",
            "write_gradebook", "read_gradebook"]
@@ -75,7 +75,7 @@ def aggregate(student: str, ex: str, cells: list[CellResult], note: str) -> Exer
 
 def plain_html(ex: str, student: str, cells: list[CellResult], note: str, lang: str = "en") -> str:
     """A feedback page with the status table only (when nbgrader's page cannot be made), in ``lang``."""
-    from .messages import status_name, translate
+    from ..messages import status_name, translate
 
     rows = "".join(
         f"<tr><td>{html.escape(c.cell)}</td><td>{c.points:g} / {c.max_points:g}</td><td>{html.escape(status_name(c.status, lang))}</td>"
