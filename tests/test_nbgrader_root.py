@@ -9,7 +9,7 @@ import sqlite3
 import _coursekit as K
 
 from tinytf.course.build.nbgrader_root import alembic_head, cached_course_root, course_root_key
-from tinytf.course.exercises import find_notebooks
+from tinytf.course.exercises import REPO, find_notebooks
 
 
 def _edit_solution(path, old: str, new: str) -> None:
@@ -83,3 +83,11 @@ def test_a_new_gradebook_is_stamped_with_the_schema_version_alembic_itself_repor
     write_alembic_ini(str(ini), f"sqlite:///{tmp_path / 'probe.db'}")
     printed = subprocess.check_output([sys.executable, "-m", "alembic", "-c", str(ini), "heads"], text=True)
     assert printed.split()[0] == alembic_head()
+
+
+def test_a_cached_course_root_is_keyed_by_the_whole_package():
+    """Every file of tinytf (the judges, the model code the hidden tests call) is part of the key, not only
+    the folder this module lives in."""
+    from tinytf.course.build import nbgrader_root
+
+    assert nbgrader_root.PACKAGE == REPO / "tinytf" and (nbgrader_root.PACKAGE / "attention.py").is_file()

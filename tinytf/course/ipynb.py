@@ -1,9 +1,6 @@
-"""Notebook helpers shared by the course tools (release, validate, grade): one copy of each.
-
-Cells are plain dicts (nbformat's JSON); these functions never execute anything. Reading goes
-through :func:`read_notebook` (nbformat's schema check), writing through :func:`dumps_notebook`
-(deterministic text) and :func:`write_atomic` (a temp file and ``os.replace``).
-"""
+"""An ``.ipynb`` file as data, for every course tool: cells (plain dicts), reading (:func:`read_notebook`: nbformat's
+schema check), writing (:func:`dumps_notebook`: deterministic text; :func:`write_atomic`), and the config of every
+kernel the tools start (:func:`kernel_config`). Nothing here executes a notebook."""
 
 from __future__ import annotations
 
@@ -15,25 +12,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "HIDDEN_BEGIN",
-    "HIDDEN_END",
-    "cell_source",
-    "strip_ansi",
-    "first_line",
-    "nbgrader_meta",
-    "is_test_cell",
-    "cells_by_id",
-    "strip_hidden",
-    "hidden_lines",
-    "load_json",
-    "read_notebook",
-    "dumps_notebook",
-    "write_atomic",
-    "skip_slow_imports",
-    "kernel_config",
-    "describe_cell",
-]
+__all__ = ["HIDDEN_BEGIN", "HIDDEN_END", "cell_source", "strip_ansi", "first_line", "nbgrader_meta", "is_test_cell", "cells_by_id",
+           "strip_hidden", "hidden_lines", "load_json", "read_notebook", "dumps_notebook", "write_atomic", "skip_slow_imports",
+           "kernel_config", "describe_cell"]
 
 HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -11,9 +11,8 @@
    language, ``build/book/en/`` and ``build/book/zh/`` (own sidebar, own search index, the Chinese one
    segmented by jieba), and ``build/book/index.html`` links to both.
 
-``python -m tinytf.course.build.book [--jobs N] [--out DIR]`` builds the books;
-``python -m tinytf.course.build.book --execute-only [--jobs N] [NOTEBOOK ...]`` only executes (every chapter of
-both editions unless notebooks are named).
+``python -m tinytf.course.build.book [--jobs N] [--out DIR]`` builds the books (``make book``); ``make notebooks``
+(:mod:`tinytf.course.build.executed`) only executes.
 """
 
 from __future__ import annotations
@@ -29,12 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .executed import EXECUTED, execute, execute_all
-from .nbgrader_root import REPO
+from ..exercises import REPO
 from ..ipynb import cell_source, load_json
+from .executed import execute_all
 
-__all__ = ["Edition", "EDITIONS", "EXECUTED", "execute", "chapter_sources", "book_page", "glossary_terms", "assemble", "build",
-           "main"]
+__all__ = ["Edition", "EDITIONS", "chapter_sources", "book_page", "glossary_terms", "assemble", "build", "main"]
 
 HIDDEN_TAG = "remove-cell"  # MyST-NB: the cell is not on the page (papermill's injected parameters)
 
@@ -229,20 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(REPO / "build" / "book"))
     parser.add_argument("--jobs", type=int, default=2, help="notebooks executed (and books built) in parallel")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--execute-only", action="store_true",
-                        help="only execute into build/executed/ (reusing up-to-date copies); no book")
-    parser.add_argument("notebooks", nargs="*", type=Path, help="with --execute-only: these notebooks (default: every chapter)")
     args = parser.parse_args(argv)
-    if args.notebooks and not args.execute_only:
-        parser.error("notebooks can only be named with --execute-only")
-    if args.execute_only:
-        try:
-            copies = execute_all(args.notebooks or chapter_sources(), args.device, args.jobs)
-        except RuntimeError as err:
-            print(err, file=sys.stderr)
-            return 1
-        print(f"executed notebooks: {len(copies)} up to date in {EXECUTED.relative_to(REPO)}/")
-        return 0
     n = build(Path(args.out), device=args.device, jobs=args.jobs)
     print(f"book: {n} pages in {args.out}/en/ and {args.out}/zh/ (open {args.out}/index.html, or serve the folder)")
     return 0

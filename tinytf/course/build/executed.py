@@ -1,12 +1,12 @@
-"""Executed copies of notebooks in ``build/executed/``: run once, reused while nothing they depend on changed.
+"""Executed copies of notebooks in ``build/executed/`` (``make notebooks``, read by the book and the tests): run once,
+reused while nothing they depend on changed.
 
-:func:`execute` runs one notebook with papermill the way the book needs it (the inline backend, so each
-figure is an ``image/png`` output; ``TINYTF_HEADLESS=1``, so widgets are their static figures; one
-thread), into ``build/executed/<path under notebooks/>``. A copy is reused when it is newer than its
-source *and* its stored :func:`execution_key` matches: a hash of the notebook, of the ``tinytf`` package's
-files and of these options, so a library change re-executes. ``make book`` and
-``python -m tinytf.course.build.book --execute-only`` use it. The notebooks run in stock kernels started by papermill,
-``jobs`` at a time in a :class:`concurrent.futures.ProcessPoolExecutor` (spawned workers that import papermill once).
+:func:`execute_all` runs notebooks with papermill in stock kernels, ``jobs`` at a time in a
+:class:`concurrent.futures.ProcessPoolExecutor` (spawned workers that import papermill once), the way the book needs
+them (the inline backend, so each figure is an ``image/png`` output; ``TINYTF_HEADLESS=1``, so widgets are their
+static figures; one thread). A copy is reused when it is newer than its source *and* its stored
+:func:`execution_key` matches: a hash of the notebook, its folder's ``matplotlibrc``, the ``tinytf`` package's
+files and these options, so a library change re-executes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from .nbgrader_root import REPO
+from ..exercises import REPO
 from ..ipynb import load_json, write_atomic
 
 __all__ = ["EXECUTED", "OPTIONS", "executed_path", "execution_key", "missing_glyphs", "execute", "execute_all", "main"]

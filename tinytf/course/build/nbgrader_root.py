@@ -1,22 +1,11 @@
-"""A temporary nbgrader course root over our flat layout, and deterministic notebook I/O.
+"""nbgrader course roots over our flat layout: ONE nbgrader assignment PER EXERCISE (``exNN`` holds
+``exNN_name.ipynb``), so a root is ``gradebook.db``, ``source/ex01/ex01_by_hand.ipynb`` (from solutions/),
+``release/…`` (generate_assignment), ``submitted/<student>/…``, ``autograded/<student>/…`` and ``feedback/…``.
 
-nbgrader wants ``<root>/source/<assignment>/<notebook>.ipynb``; tinytf keeps
-``solutions/exNN_name.ipynb``. We use ONE nbgrader assignment PER EXERCISE: assignment ``exNN``
-holds the single notebook ``exNN_name.ipynb``. So a course root looks like::
-
-    root/gradebook.db                          (sqlite, rebuilt every run, never committed)
-    root/source/ex01/ex01_by_hand.ipynb        (copied from solutions/)
-    root/release/ex01/ex01_by_hand.ipynb       (generate_assignment: the student version)
-    root/submitted/<student>/ex01/ex01_by_hand.ipynb
-    root/autograded/<student>/ex01/...         (autograde)
-    root/feedback/<student>/ex01/...html       (generate_feedback)
-
-:func:`cached_course_root` keeps built roots under ``build/course-roots/<key>/``, keyed by a hash of
-the solutions, the released copies, tinytf's source and nbgrader's version: a grading run (or a
-test session) builds each edition's root once, and any edit to those inputs rebuilds it.
-
-Everything is configured programmatically (no ``nbgrader_config.py`` is read). The notebook
-helpers (reading, deterministic writing, cell metadata) are in :mod:`tinytf.course.ipynb`.
+:func:`cached_course_root` keeps built roots under ``build/course-roots/<key>/``, keyed by a hash of the
+solutions, the released copies, tinytf's source and nbgrader's version: a grading run (or a test session)
+builds each edition's root once, and any edit to those inputs rebuilds it. Everything is configured
+programmatically (no ``nbgrader_config.py`` is read).
 """
 
 from __future__ import annotations
@@ -36,20 +25,12 @@ from typing import Any
 from ..exercises import REPO, exercise_id, find_notebooks
 from ..ipynb import kernel_config
 
-__all__ = [
-    "SUPPORT_FILES",
-    "COURSE_ID",
-    "nbgrader_config",
-    "api",
-    "ensure_tool_path",
-    "build_course_root",
-    "course_root_key",
-    "cached_course_root",
-]
+__all__ = ["SUPPORT_FILES", "COURSE_ID", "nbgrader_config", "api", "ensure_tool_path", "build_course_root", "course_root_key",
+           "cached_course_root"]
 
 COURSE_ID = "tinytf"
 SUPPORT_FILES = ("matplotlibrc",)  # a solutions folder's files its exercises need (the CJK font of zh figures)
-PACKAGE = Path(__file__).resolve().parents[1]  # tinytf/: its source is part of a cached root's key
+PACKAGE = Path(__file__).resolve().parents[2]  # tinytf/: its source is part of a cached root's key
 CACHE = REPO / "build" / "course-roots"
 _KEEP = 12  # cached roots kept (the most recently used)
 

@@ -24,8 +24,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..exercises import EDITION_FOLDERS
-from .nbgrader_root import REPO, SUPPORT_FILES, build_course_root, find_notebooks
+from ..exercises import EDITION_FOLDERS, REPO, find_notebooks
+from .nbgrader_root import SUPPORT_FILES, build_course_root
 from ..ipynb import cell_source, dumps_notebook, is_test_cell, load_json, nbgrader_meta, write_atomic
 
 __all__ = ["release", "release_editions", "released_text", "EDITION_FOLDERS", "MANIFEST", "SUPPORT_FILES", "test_checksum",

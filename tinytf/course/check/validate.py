@@ -1,15 +1,10 @@
-"""``tinytf validate NOTEBOOK``: run a student's exercise, its visible tests and the pitfall diagnosis.
+"""``tinytf validate NOTEBOOK``: run a student's exercise in a fresh kernel (nbclient), its visible tests and the diagnosis.
 
-Unlike ``nbgrader validate`` (which exits 0 whatever happens and does not notice a deleted test
-cell), this compares the notebook with the released version in ``exercises/``: deleted, renamed or
-edited test cells are reported (and the released test is run in their place), every test cell is
-reported pass/fail with its message, the student's functions are diagnosed in the same kernel by
-``tinytf.course.reference.exNN.diagnose`` (findings from :mod:`tinytf.checks`, sent back as JSON),
-and the exit status is non-zero when anything is wrong.
-
-``self_check("exNN")`` (:mod:`tinytf.course.check.selfcheck`) is the other front end of the same check, inside
-the running kernel; the parts both use are :mod:`tinytf.course.check.report` (the report and its text),
-:mod:`tinytf.course.check.released` (the released test cells restored) and :mod:`tinytf.course.check.selfcheck`.
+Unlike ``nbgrader validate`` (which exits 0 whatever happens and does not notice a deleted test cell), this
+compares the notebook with the released version in ``exercises/`` (deleted, renamed or edited test cells are
+reported, and the released test runs in their place), reports every test cell, ends the run with the self-check
+(:mod:`tinytf.course.check.selfcheck`: the same check and diagnosis, in that kernel, sent back as JSON), and exits
+non-zero when anything is wrong. Both front ends print :func:`tinytf.course.check.report.format_report`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The student's feedback page of one graded job: what ``tinytf grade`` shows a student.
-
-:func:`sanitize_for_feedback` makes a copy of the autograded notebook safe to show: every hidden test
-and every test-cell traceback removed (nbgrader 0.9.6's feedback does not remove hidden tests
-itself), each test cell showing its status and message, long outputs cut. :func:`feedback_page`
-writes ``<job>/feedback.html`` through ``nbgrader generate_feedback`` from that copy, with a summary
-cell on top and our verdict in the job's gradebook (a plain page when nbgrader cannot render it).
+"""The student's feedback page of one graded job: :func:`sanitize_for_feedback` makes a copy of the autograded
+notebook safe to show (hidden tests and test-cell tracebacks removed — nbgrader 0.9.6's feedback keeps hidden tests —,
+each test cell showing its status and message, long outputs cut); :func:`feedback_page` writes ``<job>/feedback.html``
+through ``nbgrader generate_feedback`` from it, a summary on top (a plain page when nbgrader cannot render it).
 """
 
 from __future__ import annotations

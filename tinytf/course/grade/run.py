@@ -14,9 +14,8 @@ changes (:func:`tinytf.course.build.nbgrader_root.cached_course_root`). Then, fo
 3. this process writes the gradebook (:mod:`tinytf.course.grade.gradebook`): ``grades.csv``,
    ``grades_per_cell.csv``, ``feedback/<student>/<exercise>.html`` and ``summary.txt``.
 
-``shard=(K, N)`` grades only the students of shard K of N (:mod:`tinytf.course.grade.students`); ``tinytf
-gradebook merge`` joins the shards' gradebooks into the one a single run would write. Submissions are only
-ever read (copied into the job folder).
+``shard=(K, N)`` grades only shard K of N of the students (:mod:`tinytf.course.grade.students`). Submissions are
+only ever read.
 """
 
 from __future__ import annotations

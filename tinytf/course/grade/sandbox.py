@@ -1,22 +1,15 @@
 """Where a submission's code runs when it is graded: a Jupyter kernel in bubblewrap, under limits.
 
-``tinytf grade`` runs stock ``nbgrader autograde`` (:func:`autograde`, in a worker of the grading pool) on
-each submission. nbgrader starts the notebook's kernel through jupyter_client from a kernelspec this module
-writes for the job (:func:`write_kernelspec`), whose command is the kernel wrapped in:
-
-- ``prlimit`` (util-linux): ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (the largest file it may write) and no
-  core dumps, for the kernel and everything it starts;
-- ``bwrap`` (bubblewrap, the sandbox Flatpak uses; mode ``"bwrap"``): no network (``--unshare-net``: a
-  loopback of its own, so not even the grading machine's own servers), its own process and IPC namespaces,
-  a read-only view of the system, the Python installation and the ``tinytf`` package, a private ``/tmp``,
-  and one writable work folder (the notebook's folder, its records, its home). Nothing else exists inside:
-  not ``solutions/``, the gradebook, the course root's source notebooks or another student's submission.
-  The kernel talks to nbgrader through IPC sockets in a folder they share (``tinytf.course.ipynb.kernel_config``).
-
-Mode ``"none"`` keeps the limits only: the kernel runs as the grading user and can read what it can read.
-``"auto"`` (the default) is ``"bwrap"`` where bubblewrap works and otherwise says once that grading runs with
-resource limits only. A whole-notebook wall limit ends the job (:func:`kill_job`: every process that
-carries its ``TINYTF_JOB`` token), and whatever a job leaves running is killed when it ends.
+:func:`autograde` runs stock ``nbgrader autograde`` on one submission (in a worker of the grading pool); nbgrader
+starts the notebook's kernel through jupyter_client from the kernelspec :func:`write_kernelspec` writes for the job,
+whose command wraps the kernel in ``prlimit`` (``RLIMIT_AS``, ``RLIMIT_FSIZE``, no core dumps) and, in mode
+``"bwrap"``, in bubblewrap (the sandbox Flatpak uses): no network (a loopback of its own), its own PID and IPC
+namespaces, a read-only view of the system, the Python installation and the ``tinytf`` package, a private
+``/tmp`` and one writable work folder; nothing else exists inside (not ``solutions/``, the gradebook, the course
+root's source notebooks or another student's submission). The kernel talks to nbgrader through IPC sockets in a
+folder they share. Mode ``"none"`` keeps the limits only; ``"auto"`` is ``"bwrap"`` where bubblewrap works and
+otherwise says once that grading runs with resource limits only. The whole-notebook wall limit ends the job
+(:func:`kill_job`: every process that carries its ``TINYTF_JOB`` token), and what a job leaves running is killed.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """The class ``tinytf grade`` grades: its students' folders and submissions, and the shards of a class too big for one machine.
 
-``SUBMISSIONS/<student>/<exNN_name>.ipynb`` (or nbgrader's collected ``SUBMISSIONS/<student>/<exNN>/<exNN_name>.ipynb``):
-which folders are students (:func:`student_folders`), each student's safe nbgrader id (:func:`safe_id`), which file is
-the submission (:func:`find_submission`) and the copy nbgrader grades (:func:`for_nbgrader`).
+``SUBMISSIONS/<student>/<exNN_name>.ipynb`` (or nbgrader's ``SUBMISSIONS/<student>/<exNN>/<exNN_name>.ipynb``): the
+students' folders (:func:`student_folders`), their safe nbgrader ids (:func:`safe_id`), the submission
+(:func:`find_submission`) and the copy nbgrader grades (:func:`for_nbgrader`).
 
-A class bigger than one machine: ``tinytf grade --shard K/N`` per machine, then ``tinytf gradebook merge``.
-
-A student belongs to shard ``int(sha256(student id)) mod N``: a stable hash of the folder name, so
-the same student always lands in the same shard and adding students never moves existing ones.
-``--shard auto/N`` takes K from the batch system: ``SLURM_ARRAY_TASK_ID`` (a Slurm job array
-``--array=0-(N-1)``) or ``JOB_COMPLETION_INDEX`` (a Kubernetes Indexed Job with N completions).
-
-A sharded run also writes ``OUT/shard.json`` (K, N, the exercises, its students); :func:`merge`
-checks the shards against each other (same N and exercises, every K once, no student twice) and
-writes, from their CSVs and feedback pages, exactly the gradebook one run over everyone writes.
+Shards (``tinytf grade --shard K/N`` per machine, then ``tinytf gradebook merge``): a student belongs to shard
+``int(sha256(folder name)) mod N``, so adding students never moves existing ones; ``--shard auto/N`` takes K from
+``SLURM_ARRAY_TASK_ID`` (a Slurm array) or ``JOB_COMPLETION_INDEX`` (a Kubernetes Indexed Job). A sharded run
+writes ``OUT/shard.json``; :func:`merge` checks the shards against each other (same N and exercises, every K once,
+no student twice) and writes exactly the gradebook one run over everyone writes.
 """
 
 from __future__ import annotations

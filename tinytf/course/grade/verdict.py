@@ -1,12 +1,8 @@
-"""The verdict on one graded submission: each test cell's status and points, and the student's feedback page.
-
-:func:`verdict` runs in a worker of the grading pool after :func:`tinytf.course.grade.sandbox.autograde`, in that
-clean interpreter (started by spawn, never running student code; the student's code ran in the sandboxed
-kernel). It decides each test cell's status from the submitted notebook (deleted, renamed or edited test
-cells), nbgrader's executed notebook (errors, timeouts) and the judges (:mod:`tinytf.course.reference.judging`):
-a cell nbgrader passed whose judge fails is ``failed`` — or ``tampered`` when its record shows that checking
-functions had been replaced in the kernel — and one whose record is missing (``record`` bypassed) is
-``tampered``; both earn 0. It writes the feedback page (:mod:`tinytf.course.grade.feedback`).
+"""The verdict on one graded submission (:func:`verdict`, in the grading worker after the sandboxed run): each test
+cell's status and points, from the submitted notebook (deleted, renamed or edited test cells), nbgrader's executed
+notebook (errors, timeouts) and the judges (:mod:`tinytf.course.reference.judging`) — a cell nbgrader passed whose
+judge fails is ``failed``, or ``tampered`` when its record shows replaced checking functions or is missing
+(``record`` bypassed) — and the student's feedback page (:mod:`tinytf.course.grade.feedback`).
 """
 
 from __future__ import annotations
