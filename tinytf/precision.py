@@ -13,6 +13,7 @@ below the returned value every call is finite, at it the first ``inf``/NaN appea
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,8 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from .attention import scaled_dot_product_attention
+from .bench import one_thread
 from .memory_sizes import as_dtype, dtype_name
 from .tiled import tiled_attention
+from .translation import N_
 from .translation import gettext as _
 
 __all__ = [
@@ -33,8 +36,20 @@ __all__ = [
 
 FORMATS = ("fp32", "bf16", "fp16")
 SCALINGS = ("none", "after", "before")  # no 1/sqrt(d); (q @ kᵀ) · scale; (q · scale) @ kᵀ as fused kernels do
-FINITE_STATES = ("finite", "weights not finite", "scores not finite")  # finite_map's values 0, 1, 2
+FINITE_STATES = (N_("finite"), N_("weights not finite"), N_("scores not finite"))  # finite_map's values 0, 1, 2
 Tensor = torch.Tensor
+
+
+def _one_thread(fn: Callable) -> Callable:
+    """Run a sweep on one intra-op thread: its tensors are small, and on a busy machine two threads mostly wait
+    for each other (a 128 × 128 matmul: ~0.2 ms on one thread, ~10 ms on two that contend)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        with one_thread():
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -145,6 +160,7 @@ def _unit_qk(d: int, tokens: int, heads: int, seed: int) -> tuple[Tensor, Tensor
     return tuple(torch.randn(1, heads, tokens, d, generator=g) for _ in range(2))  # q0, k0 ~ N(0, 1)
 
 
+@_one_thread
 def score_overflow(d: int, *, scaling: str = "after", dtype: torch.dtype | str = torch.float16, tokens: int = 128, heads: int = 2,
                    seed: int = 0) -> Threshold:
     """The activation scale ``σ`` at which ``attention_scores(σ·q0, σ·k0, scaling)`` in ``dtype`` first holds ``inf``.
@@ -162,6 +178,7 @@ def score_overflow(d: int, *, scaling: str = "after", dtype: torch.dtype | str =
     return Threshold(f"q @ kᵀ, scaling={scaling}, d={d}", found, math.sqrt(room / peak), dtype_name(dt))
 
 
+@_one_thread
 def softmax_overflow(dtype: torch.dtype | str = torch.float16, *, safe: bool = False, tokens: int = 256, rows: int = 64,
                      seed: int = 0) -> Threshold:
     """The largest score ``x`` in a row at which the softmax in ``dtype`` first returns ``inf``/NaN.
@@ -219,6 +236,7 @@ def _rel(got: Tensor, want: Tensor) -> float:
     return ((got.double() - want).abs().max() / want.abs().max()).item()
 
 
+@_one_thread
 def accumulation_errors(tokens: Sequence[int], *, dtype: torch.dtype | str = torch.bfloat16, d: int = 64, queries: int = 16,
                         heads: int = 2, seed: int = 0) -> list[AccumulationError]:
     """:class:`AccumulationError` for each ``T`` in ``tokens``: q ``[1, heads, queries, d]``, k, v ``[1, heads, T, d]``
@@ -244,6 +262,7 @@ def accumulation_errors(tokens: Sequence[int], *, dtype: torch.dtype | str = tor
     return rows
 
 
+@_one_thread
 def finite_map(dtype: torch.dtype | str, widths: Sequence[int], scales: Sequence[float], *, scaling: str = "after",
                safe_softmax: bool = True, tokens: int = 128, seed: int = 0) -> Tensor:
     """``[len(widths), len(scales)]`` int tensor of :data:`FINITE_STATES` indices: for head width ``d`` and

@@ -32,7 +32,7 @@ from torch import nn
 from .translation import N_
 from .translation import gettext as _
 
-__all__ = ["PARTS", "PREFIX", "Span", "PartTimes", "label_parts", "spans_of", "read_trace", "part_times",
+__all__ = ["PARTS", "PREFIX", "Span", "PartTimes", "label_parts", "spans_of", "read_trace", "part_times", "allocated_by_part",
            "classify", "timeline", "op_dtypes", "DTYPE_NAMES", "COMPUTE_OPS"]
 
 PARTS = (N_("QKV projection"), N_("scores"), N_("softmax"), N_("weights @ V"), N_("output projection"), N_("FFN"), N_("norms"),
@@ -220,33 +220,47 @@ class PartTimes:
 
     def table(self, lang: str | None = None) -> str:
         """A plain-text table: each part's forward, backward and total ms and its share of the total."""
-        head = (f"{_('part', lang):<20}{_('forward ms', lang):>12}{_('backward ms', lang):>13}{_('total ms', lang):>10}"
-                f"{_('share', lang):>8}")
-        rows = [head]
+        words = [_("part", lang), _("forward ms", lang), _("backward ms", lang), _("total ms", lang), _("share", lang), _("total", lang)]
+        rows = [f"{words[0]:<20}{words[1]:>12}{words[2]:>13}{words[3]:>10}{words[4]:>8}"]
         for p in PARTS:
             if self.part(p) == 0:
                 continue
             rows.append(f"{_(p, lang):<20}{self.forward[p] / 1e3:>12.2f}{self.backward[p] / 1e3:>13.2f}{self.part(p) / 1e3:>10.2f}"
                         f"{self.part(p) / self.total:>8.1%}")
         fwd, bwd = sum(self.forward.values()), sum(self.backward.values())
-        rows.append(f"{_('total', lang):<20}{fwd / 1e3:>12.2f}{bwd / 1e3:>13.2f}{self.total / 1e3:>10.2f}{1:>8.0%}")
+        rows.append(f"{words[5]:<20}{fwd / 1e3:>12.2f}{bwd / 1e3:>13.2f}{self.total / 1e3:>10.2f}{1:>8.0%}")
         return "\n".join(rows)
 
 
-def part_times(events: Iterable[Any] | list[Span], *, device: bool = False, memory: bool = False) -> PartTimes:
-    """Group the self time (``memory=True``: the self bytes allocated, net of frees) of profiler events (or of
-    :func:`read_trace`'s spans) by phase and part. An attention range's own time — Python between its ops —
-    goes to the scores or to weights @ V by where it was spent, before or after the softmax."""
-    spans = events if isinstance(events, list) and all(isinstance(s, Span) for s in events) else spans_of(events, device=device)
+def _spans(events: Iterable[Any] | list[Span], device: bool = False) -> list[Span]:
+    return events if isinstance(events, list) and all(isinstance(s, Span) for s in events) else spans_of(events, device=device)
+
+
+def part_times(events: Iterable[Any] | list[Span], *, device: bool = False) -> PartTimes:
+    """Group the self time of profiler events (``prof.events()``, or :func:`read_trace`'s spans) by phase and part.
+    An attention range's own time — Python between its ops — goes to the scores or to weights @ V by where it
+    was spent, before or after the softmax."""
+    spans = _spans(events, device)
     sums: dict[str, dict[str, float]] = {"forward": dict.fromkeys(PARTS, 0.0), "backward": dict.fromkeys(PARTS, 0.0)}
     for s, (phase, part) in classify(spans).items():
-        own = s.self_bytes if memory else s.self_time
         if part != ATTENTION:
-            sums[phase][part] += own
+            sums[phase][part] += s.self_time
             continue
         for p, share in _split_attention_gaps(s).items():
-            sums[phase][p] += own * share
-    return PartTimes(sums["forward"], sums["backward"], sum(s.self_bytes if memory else s.self_time for s in spans))
+            sums[phase][p] += s.self_time * share
+    return PartTimes(sums["forward"], sums["backward"], sum(s.self_time for s in spans))
+
+
+def allocated_by_part(events: Iterable[Any] | list[Span], *, device: bool = False) -> tuple[dict[str, int], int]:
+    """From a forward recorded with ``profile_memory=True``: the bytes each part's ops allocated (frees not
+    subtracted), and the net bytes every event together left allocated — the forward's output plus everything
+    it saved for backward (what chapter 05's ledger predicts), less what was allocated before the profile."""
+    spans = _spans(events, device)
+    parts = dict.fromkeys(PARTS, 0)
+    for s, (_phase, part) in classify(spans).items():
+        if part != ATTENTION and s.self_bytes > 0 and not s.name.startswith(PREFIX):
+            parts[part] += s.self_bytes
+    return parts, sum(s.self_bytes for s in spans)
 
 
 def _split_attention_gaps(container: Span) -> dict[str, float]:
@@ -286,7 +300,7 @@ def op_dtypes(events: Iterable[Any] | list[Span], names: Iterable[str] = COMPUTE
     """``{op: Counter(input dtypes)}`` of the forward ops named in ``names`` at any depth — the ops that do the
     work, after autocast has cast their inputs (``aten::linear`` itself still sees fp32; the ``aten::addmm`` it
     calls sees what really runs) — read from a profile recorded with ``record_shapes=True``."""
-    spans = events if isinstance(events, list) and all(isinstance(s, Span) for s in events) else spans_of(events)
+    spans = _spans(events)
     wanted = list(names)
     table: dict[str, Counter] = {}
     for s, (phase, _part) in classify(spans).items():
