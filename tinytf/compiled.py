@@ -128,10 +128,14 @@ class CompileReport:
 
 
 def compile_report(module: nn.Module, *inputs: torch.Tensor, warmup: int = 3, iters: int = 20, tolerance: float = 1e-5,
-                   backend: str = "inductor", **conditions: Any) -> CompileReport:
+                   backend: str = "inductor", trust_cpu_isa: bool = True, **conditions: Any) -> CompileReport:
     """Compile ``module`` (inference: ``torch.no_grad``), time its first call, then benchmark eager and compiled
     side by side with :func:`tinytf.benchmark` and count each one's kernels with the profiler. On a CPU the
-    generated C++ kernels are built with a profiler record around each, so that they can be counted and named."""
+    generated C++ kernels are built with a profiler record around each, so that they can be counted and named.
+
+    ``trust_cpu_isa``: use the vector instructions the CPU reports (AVX2, AVX-512, NEON …) without inductor's
+    one-time probe, which builds a test program for each of them — about ten seconds of C++ compilation the
+    first time on a machine (cached afterwards), not part of compiling this module."""
     import torch._dynamo
     import torch._inductor.config
     from torch._dynamo.utils import counters
@@ -140,7 +144,8 @@ def compile_report(module: nn.Module, *inputs: torch.Tensor, warmup: int = 3, it
     torch._dynamo.reset()  # compile afresh: the first call below includes the whole compilation
     compiled = torch.compile(module, backend=backend)
     hits = counters["inductor"]["fxgraph_cache_hit"]
-    with torch.no_grad(), torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
+    patch = {"cpp.enable_kernel_profile": True} | ({"cpp.vec_isa_ok": True} if trust_cpu_isa else {})
+    with torch.no_grad(), torch._inductor.config.patch(patch):
         start = time.perf_counter()
         out = compiled(*inputs)
         synchronize(device)

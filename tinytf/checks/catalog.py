@@ -230,7 +230,7 @@ CATALOG: dict[Pitfall, Entry] = {
         _H + "6. A mixed-precision training step", N_("gradient entries exactly zero in fp16 that are not in fp32, more as the loss falls"),
         "`diagnose_grad_underflow`", N_("`torch.amp.GradScaler`: `scaler.scale(loss).backward()`, `scaler.step(opt)`, `scaler.update()`")),
     Pitfall.COMPILED_FIRST_CALL: Entry(
-        N_("timing a compiled model including its first call"), "the compile timed as a call", _H + "8. torch.compile",
+        N_("timing a compiled model including its first call"), "the compile timed as a call", _H + "8. torch.compile, measured",
         N_("first call seconds, the others milliseconds; the mean is mostly compile time"), "`diagnose_timings`",
         N_("warm up before timing (`tinytf.benchmark(warmup=...)`) and report the compile time apart")),
 }

@@ -30,7 +30,8 @@ WIDTHS = (16, 32, 64, 128, 256)
 SCALES = tuple(2.0 ** (i / 3) for i in range(-3, 25))  # σ = 0.5 … 256, three steps per octave
 DTYPES = ("fp32", "bf16", "fp16")
 _COLORS = ("#d9f0d3", "#fdae61", "#d7191c")  # finite, weights not finite, scores not finite
-_SCALING_WORDS = {"none": N_("no 1/sqrt(d)"), "after": N_("(q @ kᵀ) · 1/sqrt(d)"), "before": N_("(q · 1/sqrt(d)) @ kᵀ")}
+# k^T, not kᵀ: the CJK fonts of the Chinese edition have no modifier-letter T
+_SCALING_WORDS = {"none": N_("no 1/sqrt(d)"), "after": N_("(q @ k^T) / sqrt(d)"), "before": N_("(q / sqrt(d)) @ k^T")}
 
 
 @functools.lru_cache(maxsize=64)
@@ -82,8 +83,8 @@ def _layout(widths: tuple[int, ...], scales: tuple[float, ...]) -> tuple[Any, _P
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(1, len(DTYPES), figsize=(13, 3.9), sharey=True)
-    fig.subplots_adjust(left=0.06, right=0.98, top=0.8, bottom=0.3, wspace=0.08)
+    fig, axes = plt.subplots(1, len(DTYPES), figsize=(13, 3.6), sharey=True)
+    fig.subplots_adjust(left=0.06, right=0.98, top=0.82, bottom=0.24, wspace=0.08)
     xs, ys = _edges(scales), np.arange(len(widths) + 1) - 0.5
     meshes, score_lines, weight_lines, titles = [], [], [], []
     for ax in axes:
@@ -96,9 +97,9 @@ def _layout(widths: tuple[int, ...], scales: tuple[float, ...]) -> tuple[Any, _P
     axes[0].set_yticks(range(len(widths)), [str(w) for w in widths])
     axes[0].set_ylabel(_("head width d"))
     handles = [Patch(color=c, label=_(s)) for c, s in zip(_COLORS, FINITE_STATES)]
-    handles += [Line2D([], [], color="k", ls="--", label=_("predicted: q @ kᵀ overflows")),
+    handles += [Line2D([], [], color="k", ls="--", label=_("predicted: q @ k^T overflows")),
                 Line2D([], [], color="k", ls=":", label=_("predicted: exp overflows without the max"))]
-    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=5, fontsize=8, frameon=False)
     return fig, _Parts((widths, scales), meshes, score_lines, weight_lines, titles, fig.suptitle("", fontsize=10))
 
 
