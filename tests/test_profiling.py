@@ -59,6 +59,8 @@ def test_the_parts_add_up_to_the_profilers_total(profiled):
     assert {"QKV projection", "output projection", "FFN", "norms"} | ATTENTION_PARTS[backend] <= seen
     assert not seen & (set().union(*ATTENTION_PARTS.values()) - ATTENTION_PARTS[backend])
     assert all(times.backward[p] > 0 for p in ("QKV projection", "FFN", "norms"))
+    half = times.per_call(2)
+    assert half.total == times.total / 2 and all(half.part(p) == times.part(p) / 2 for p in PARTS)
     lines = times.table("en").splitlines()
     assert lines[0].startswith("part") and lines[-1].startswith("total") and "100%" in lines[-1]
 

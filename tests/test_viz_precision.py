@@ -54,3 +54,18 @@ def test_headless_explorer_shows_the_static_figure(monkeypatch, capsys):
     monkeypatch.setenv("TINYTF_HEADLESS", "1")
     fig = vp.finite_explorer(tokens=32, widths=WIDTHS, scales=SCALES)
     assert isinstance(fig, Figure) and "static figure" in capsys.readouterr().out
+
+
+def test_live_explorer_redraws_one_figure_in_an_image(monkeypatch):
+    import ipywidgets
+
+    monkeypatch.setenv("TINYTF_HEADLESS", "0")
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: None)
+    ui = vp.finite_explorer(tokens=32, widths=WIDTHS, scales=SCALES)
+    assert set(ui.controls) == {"scaling", "safe_softmax", "tokens"} and isinstance(ui.image, ipywidgets.Image)
+    fig, png = ui.live.fig, ui.image.value
+    ui.controls["scaling"].value = "before"
+    ui.controls["safe_softmax"].value = True
+    assert ui.live.fig is fig and ui.live.rebuilt == 1 and ui.image.value != png
+    assert (_grid(fig, 2) == finite_map("fp16", WIDTHS, SCALES, scaling="before", tokens=32).numpy()).all()
+    plt.close("all")

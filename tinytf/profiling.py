@@ -218,6 +218,11 @@ class PartTimes:
         """Forward + backward µs of one part."""
         return self.forward[name] + self.backward[name]
 
+    def per_call(self, calls: int) -> PartTimes:
+        """The same times divided by ``calls`` (a profile of several identical steps, read per step)."""
+        return PartTimes({p: t / calls for p, t in self.forward.items()}, {p: t / calls for p, t in self.backward.items()},
+                         self.total / calls)
+
     def table(self, lang: str | None = None) -> str:
         """A plain-text table: each part's forward, backward and total ms and its share of the total."""
         words = [_("part", lang), _("forward ms", lang), _("backward ms", lang), _("total ms", lang), _("share", lang), _("total", lang)]

@@ -158,7 +158,7 @@ def finite_explorer(scaling: str = "after", safe_softmax: bool = False, tokens: 
                                          description=_("scores"), style={"button_width": "150px"}),
         "safe_softmax": widgets.ToggleButtons(options=[(_("without the max"), False), (_("max subtracted"), True)],
                                               value=safe_softmax, description="softmax", style={"button_width": "120px"}),
-        "tokens": widgets.Dropdown(options=sorted({32, 128, 512, tokens}), value=tokens, description="T",
+        "tokens": widgets.Dropdown(options=sorted({32, 128, 256, tokens}), value=tokens, description="T",
                                    layout=widgets.Layout(width="130px")),
     }
     return interactive_figure(finite_figure, controls, fixed=fixed, update_fn=update_finite_figure)
