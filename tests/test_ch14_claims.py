@@ -26,8 +26,9 @@ def text() -> dict[str, str]:
 def test_the_formats(text):
     fp32, bf16, fp16 = precision.formats()
     assert (fp16.max, fp16.eps, bf16.eps) == (65504.0, 2**-10, 2**-7) and bf16.exponent_bits == fp32.exponent_bits == 8
-    stated(text, "**65504**", f"`eps = 2⁻⁷ ≈ {bf16.eps:.4f}`", f"`eps = 2⁻¹⁰ ≈ {fp16.eps:.5f}`", f"`{fp16.smallest_subnormal:.0e}`".replace("e-08", "e-8"),
-           f"`{bf16.max:.1e}`".replace("e+38", "e38"), f"`{fp16.eps / 2:.5f}`", f"`{bf16.eps / 2:.4f}`")
+    subnormal, big = f"`{fp16.smallest_subnormal:.0e}`".replace("e-08", "e-8"), f"`{bf16.max:.1e}`".replace("e+38", "e38")
+    stated(text, "**65504**", f"`eps = 2⁻⁷ ≈ {bf16.eps:.4f}`", f"`eps = 2⁻¹⁰ ≈ {fp16.eps:.5f}`", subnormal, big,
+           f"`{fp16.eps / 2:.5f}`", f"`{bf16.eps / 2:.4f}`")
     assert torch.tensor(257.0).bfloat16().item() == 256  # "bf16 cannot tell 257 from 256"
     stated(text, "257")
 
