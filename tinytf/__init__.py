@@ -20,14 +20,18 @@ from .checks import (
     diagnose_causal_mask,
     diagnose_causal_tiles,
     diagnose_expand_kv,
+    diagnose_grad_underflow,
+    diagnose_half_attention,
     diagnose_kv_grouping,
     diagnose_lm_loss,
+    diagnose_masked_rows,
     diagnose_online_softmax,
     diagnose_qkv_split,
     diagnose_replicated,
     diagnose_ring_attention,
     diagnose_row_parallel,
     diagnose_tiled_attention,
+    diagnose_timings,
     diagnose_window,
     report,
 )
@@ -40,6 +44,7 @@ from .collectives import (
     reduce_from_parallel,
     reduce_scatter_bytes,
 )
+from .compiled import CompileReport, compile_report, compile_skip_reason
 from .config import ModelConfig
 from .convert import to_grouped_query
 from .device import describe_device, pick_device, synchronize
@@ -52,6 +57,7 @@ from .launch import run_processes, torchrun
 from .lm import TinyLanguageModel, lm_loss, train_step
 from .masks import causal_mask, padding_mask
 from .memory import Ledger, ledger
+from .mixed_precision import GradientUnderflow, gradient_underflow, lost_updates
 from .parallel import (
     TensorParallelAttention,
     TensorParallelBlock,
@@ -61,6 +67,8 @@ from .parallel import (
     shard_qkv,
 )
 from .params import count_parameters, parameter_breakdown
+from .precision import Threshold, accumulation_errors, finite_map, formats, score_overflow, softmax_overflow
+from .profiling import PartTimes, label_parts, part_times
 from .ring import RingStats, contiguous_layout, ring_attention, shard_sequence, unshard_sequence, zigzag_layout
 from .rolling import RollingKVCache
 from .tiled import TileStats, online_softmax_finish, online_softmax_update, tiled_attention
@@ -143,4 +151,23 @@ __all__ = [
     "diagnose_row_parallel",
     "diagnose_replicated",
     "diagnose_ring_attention",
+    "formats",
+    "score_overflow",
+    "softmax_overflow",
+    "accumulation_errors",
+    "finite_map",
+    "Threshold",
+    "gradient_underflow",
+    "GradientUnderflow",
+    "lost_updates",
+    "label_parts",
+    "part_times",
+    "PartTimes",
+    "compile_report",
+    "compile_skip_reason",
+    "CompileReport",
+    "diagnose_half_attention",
+    "diagnose_masked_rows",
+    "diagnose_grad_underflow",
+    "diagnose_timings",
 ]

@@ -26,6 +26,7 @@ from .memory_sizes import (
     GiB,
     KiB,
     MiB,
+    as_dtype,
     attention_matrix_bytes,
     dtype_bytes,
     dtype_name,
@@ -38,5 +39,5 @@ __all__ = [
     "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "format_bytes", "parameter_count",
     "Ledger", "ledger", "SavedTensorMeter", "PeakMemoryMeter", "state_bytes",
     "GiB", "MiB", "KiB", "OPTIMIZER_STATES", "ATTENTION_PATHS", "FP32", "INT64",
-    "tiled_working_set", "attention_io_bytes", "tiled_io_blocks", "IO_METHODS",
+    "tiled_working_set", "attention_io_bytes", "tiled_io_blocks", "IO_METHODS", "as_dtype",
 ]

@@ -11,7 +11,7 @@ import torch
 from .config import check_kv_heads, check_window
 
 __all__ = [
-    "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "tiled_working_set", "format_bytes",
+    "as_dtype", "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "tiled_working_set", "format_bytes",
     "GiB", "MiB", "KiB", "FP32", "TILE",
 ]
 
@@ -23,7 +23,8 @@ _ALIASES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float
             "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp64": torch.float64, "float64": torch.float64}
 
 
-def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``"fp16"``/``"float16"``/``torch.float16`` -> ``torch.float16`` (also bf16, fp32, fp64); ``ValueError`` for other names."""
     if isinstance(dtype, str):
         if dtype.lower().removeprefix("torch.") not in _ALIASES:
             raise ValueError(f"unknown dtype {dtype!r}: use one of {sorted(_ALIASES)} or a torch.dtype")
@@ -33,7 +34,7 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:
     """Bytes per element: ``torch.float16``/``"fp16"`` -> 2, ``torch.float32``/``"fp32"`` -> 4, ..."""
-    return torch.empty((), dtype=_as_dtype(dtype)).element_size()
+    return torch.empty((), dtype=as_dtype(dtype)).element_size()
 
 
 def attention_matrix_bytes(batch: int, heads: int, tokens: int, dtype: torch.dtype | str) -> int:
@@ -77,7 +78,7 @@ def tiled_working_set(batch: int, heads: int, tokens: int, head_dim: int, dtype:
 
 def dtype_name(dtype: torch.dtype | str) -> str:
     """Short name: ``torch.bfloat16``/``"bfloat16"`` -> ``"bf16"``, ``torch.float32`` -> ``"fp32"``."""
-    dtype = _as_dtype(dtype)
+    dtype = as_dtype(dtype)
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}.get(dtype, str(dtype))
 
 

@@ -10,9 +10,10 @@ the message says which inputs show it.
 
 ``Finding.pitfall`` is a :class:`Pitfall` from the catalog (:mod:`tinytf.checks.catalog`), the one
 place that names, teaches and fixes each mistake; ``int(pitfall)`` is its number: 1-14 in chapter 08,
-15-18 in chapter 10, 19-20 in chapter 11, 21-25 in chapter 12 (``Pitfall.GENERAL`` = 0: the code raised, returned the wrong
-type, changed its inputs, ...). ``glance_table()`` is chapter 08's table of its fourteen (``chapter="10"``:
-tiled attention's, ``chapter="11"``: grouped-query attention's and the sliding window's).
+15-18 in chapter 10, 19-20 in chapter 11, 21-25 in chapter 12, 40-44 in chapter 14 (``Pitfall.GENERAL`` = 0:
+the code raised, returned the wrong type, changed its inputs, ...). ``glance_table()`` is chapter 08's table of its
+fourteen (``chapter="10"``: tiled attention's, ``chapter="11"``: grouped-query attention's and the sliding window's,
+``chapter="14"``: half precision's); ``catalog_markdown()`` is every chapter's table, one heading each.
 
 Usage::
 
@@ -25,19 +26,20 @@ half-written function (``raise NotImplementedError``) is diagnosed, not crashed 
 Layout: ``catalog`` (the pitfalls), ``findings`` (Finding, report), ``probe`` (shared probe helpers),
 ``attention`` + ``attention_refs``, ``masks`` (causal masks), ``block``, ``loss``, ``tiled`` (online softmax,
 tiled and causal-tiled attention), ``grouped`` (K/V head sharing), ``window`` (sliding-window masks),
-``parallel`` (attention split across processes).
+``parallel`` (attention split across processes), ``precision`` (half precision, masks, loss scaling, compiled timings).
 """
 
 from __future__ import annotations
 
 from .attention import diagnose_attention
 from .block import diagnose_block
-from .catalog import CATALOG, PITFALLS, Entry, Pitfall, glance_table
+from .catalog import CATALOG, PITFALLS, Entry, Pitfall, catalog_markdown, chapters_with_pitfalls, glance_table
 from .findings import Finding, found, report
 from .grouped import diagnose_expand_kv, diagnose_kv_grouping
 from .loss import diagnose_lm_loss
 from .masks import diagnose_causal_mask
 from .parallel import diagnose_qkv_split, diagnose_replicated, diagnose_ring_attention, diagnose_row_parallel
+from .precision import diagnose_grad_underflow, diagnose_half_attention, diagnose_masked_rows, diagnose_timings
 from .tiled import diagnose_online_softmax, diagnose_tiled_attention
 from .tiled_causal import diagnose_causal_tiles
 from .window import diagnose_window
@@ -49,6 +51,8 @@ __all__ = [
     "CATALOG",
     "Entry",
     "glance_table",
+    "catalog_markdown",
+    "chapters_with_pitfalls",
     "found",
     "report",
     "diagnose_attention",
@@ -65,4 +69,8 @@ __all__ = [
     "diagnose_row_parallel",
     "diagnose_replicated",
     "diagnose_ring_attention",
+    "diagnose_half_attention",
+    "diagnose_masked_rows",
+    "diagnose_grad_underflow",
+    "diagnose_timings",
 ]

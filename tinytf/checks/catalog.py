@@ -3,9 +3,11 @@
 Chapter 08's "at a glance" table, every ``diagnose_*`` finding, ``tinytf validate`` and the
 exercises' feedback read from here. Refer to a pitfall by name (``Pitfall.SCALE``), never by a
 bare number; the numbers are the article's list (chapter 08's sections, 1-14), kept for readers, then
-chapter 10's tiled-attention pitfalls (15-18), chapter 11's smaller-KV-cache pitfalls (19-20) and chapter 12's
-pitfalls of attention split across processes (21-25).
-``glance_table()`` lists one chapter's pitfalls (chapter 08's fourteen by default).
+chapter 10's tiled-attention pitfalls (15-18), chapter 11's smaller-KV-cache pitfalls (19-20), chapter 12's
+pitfalls of attention split across processes (21-25) and chapter 14's of half precision, loss scaling and
+compiled timings (40-44).
+``glance_table()`` lists one chapter's pitfalls (chapter 08's fourteen by default); ``catalog_markdown()`` every
+chapter's, under a heading each (the book's pitfall page; chapter 08 lists the later chapters' with it).
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from enum import IntEnum
 from ..translation import N_, current_language
 from ..translation import gettext as _
 
-__all__ = ["Pitfall", "Entry", "CATALOG", "PITFALLS", "glance_table"]
+__all__ = ["Pitfall", "Entry", "CATALOG", "PITFALLS", "glance_table", "chapters_with_pitfalls", "catalog_markdown"]
 
 
 class Pitfall(IntEnum):
     """A classic mistake; ``int(p)`` is its number: 1-14 in chapter 08, 15-18 in chapter 10 (tiled attention),
-    19-20 in chapter 11 (smaller KV caches), 21-25 in chapter 12 (attention across processes), 0 = a general
-    problem that is none of them."""
+    19-20 in chapter 11 (smaller KV caches), 21-25 in chapter 12 (attention across processes), 40-44 in chapter 14
+    (precision and profiling), 0 = a general problem that is none of them."""
 
     GENERAL = 0
     SCALE = 1
@@ -50,6 +52,11 @@ class Pitfall(IntEnum):
     BIAS_BEFORE_ALL_REDUCE = 23
     RING_LOCAL_OFFSET = 24
     DROPOUT_RNG_UNSYNCED = 25
+    UNSCALED_HALF_SCORES = 40
+    HALF_SOFTMAX_NO_MAX = 41
+    EMPTY_ROW_INF_MASK = 42
+    FP16_NO_GRAD_SCALER = 43
+    COMPILED_FIRST_CALL = 44
 
     @property
     def entry(self) -> Entry:
@@ -106,6 +113,7 @@ _S = "08_pitfalls.ipynb § Pitfall "
 _T = "10_tiled_attention.ipynb § "
 _K = "11_smaller_kv_caches.ipynb § "
 _P = "12_attention_across_processes.ipynb § "
+_H = "14_precision_and_profiling.ipynb § "
 CATALOG: dict[Pitfall, Entry] = {
     Pitfall.GENERAL: Entry(
         N_("general problem (none of the named pitfalls)"), "general problem", "09_exercises.ipynb",
@@ -205,6 +213,26 @@ CATALOG: dict[Pitfall, Entry] = {
         N_("dropout with unsynchronised RNG across tensor-parallel ranks"), "residual dropout seeded differently per rank",
         _P + "6. What breaks", N_("activations that every rank should hold identically drift apart"), "`diagnose_replicated`",
         N_("seed the RNG identically on the tensor-parallel ranks for dropout on replicated tensors")),
+    Pitfall.UNSCALED_HALF_SCORES: Entry(
+        N_("fp16 scores overflow: 1/sqrt(d) applied after q @ kᵀ, or not at all"), "fp16 `q @ kᵀ` before its `1/sqrt(d)`",
+        _H + "2. Scores that overflow", N_("inf scores and NaN weights at activation scales a fused kernel survives"),
+        "`diagnose_half_attention`", N_("scale q before the product: `(q * d**-0.5) @ k.transpose(-2, -1)`, or form the scores in fp32")),
+    Pitfall.HALF_SOFTMAX_NO_MAX: Entry(
+        N_("softmax without subtracting the row maximum in half precision"), "`exp(s) / exp(s).sum()` in fp16",
+        _H + "3. A softmax without the max", N_("NaN weights once a score passes ln(65504) = 11.09"), "`diagnose_half_attention`",
+        N_("subtract the row maximum first: `torch.softmax`, or `(s - s.amax(-1, keepdim=True)).exp()`")),
+    Pitfall.EMPTY_ROW_INF_MASK: Entry(
+        N_("a -inf additive mask meets a fully masked row"), "`-inf` mask on a row that may see nothing",
+        _H + "4. Masks", N_("NaN rows, and NaN gradients for every key even when the loss ignores those rows"), "`diagnose_masked_rows`",
+        N_("give a row that may see nothing zero weights (`allowed.any(-1)`), as tinytf and `F.scaled_dot_product_attention` do")),
+    Pitfall.FP16_NO_GRAD_SCALER: Entry(
+        N_("fp16 training without a GradScaler: gradients underflow to zero"), "fp16 autocast without `GradScaler`",
+        _H + "6. A mixed-precision training step", N_("gradient entries exactly zero in fp16 that are not in fp32, more as the loss falls"),
+        "`diagnose_grad_underflow`", N_("`torch.amp.GradScaler`: `scaler.scale(loss).backward()`, `scaler.step(opt)`, `scaler.update()`")),
+    Pitfall.COMPILED_FIRST_CALL: Entry(
+        N_("timing a compiled model including its first call"), "the compile timed as a call", _H + "8. torch.compile, measured",
+        N_("first call seconds, the others milliseconds; the mean is mostly compile time"), "`diagnose_timings`",
+        N_("warm up before timing (`tinytf.benchmark(warmup=...)`) and report the compile time apart")),
 }
 
 # number -> title, for code that still holds a plain int (e.g. findings read back from JSON)
@@ -214,7 +242,7 @@ PITFALLS: dict[int, str] = {int(p): e.title for p, e in CATALOG.items()}
 def glance_table(lang: str | None = None, *, chapter: str = "08") -> str:
     """The "at a glance" table of the pitfalls that chapter ``chapter`` teaches, as markdown: chapter 08's
     fourteen by default, ``chapter="10"`` for tiled attention's, ``chapter="11"`` for smaller KV caches',
-    ``chapter="12"`` for attention across processes'.
+    ``chapter="12"`` for attention across processes', ``chapter="14"`` for precision and profiling.
     In English or Chinese (``"zh"``); by default in the running notebook's language
     (:func:`tinytf.language.notebook_language`)."""
     lang = current_language(lang)
@@ -225,3 +253,22 @@ def glance_table(lang: str | None = None, *, chapter: str = "08") -> str:
     rows = [f"| {int(p)} | {_(e.title, lang) if lang != 'en' else e.short} | {_(e.symptom, lang)} | {_(e.detector, lang)} "
             f"| {_(e.fix, lang)} |" for p, e in chosen]
     return "\n".join([head, *rows])
+
+
+def chapters_with_pitfalls() -> list[str]:
+    """The chapters (``"08"``, ``"10"``, …) whose sections teach a named pitfall, in order."""
+    return sorted({e.section[:2] for p, e in CATALOG.items() if p})
+
+
+def catalog_markdown(lang: str | None = None, *, after: str | None = None, level: int = 3) -> str:
+    """Every chapter's :func:`glance_table` under a heading of ``level`` naming the chapter's notebook, in order; with
+    ``after="08"`` only the chapters after 08 (chapter 08 lists the later chapters' pitfalls below its own table)."""
+    lang = current_language(lang)
+    parts = []
+    for chapter in chapters_with_pitfalls():
+        if after is not None and chapter <= after:
+            continue
+        notebook = next(e.section.split(" § ")[0] for p, e in CATALOG.items() if p and e.section.startswith(f"{chapter}_"))
+        heading = _("Chapter {number}: `{notebook}`", lang).format(number=chapter, notebook=notebook)
+        parts.append(f"{'#' * level} {heading}\n\n{glance_table(lang, chapter=chapter)}")
+    return "\n\n".join(parts)
