@@ -78,7 +78,7 @@ def test_equals_the_single_process_block(ranks):
 def test_the_bytes_are_tensor_parallelisms(ranks):
     world = len(ranks)
     for r in ranks:
-        for (norm, kv), res in r["cases"].items():
+        for (_norm, kv), res in r["cases"].items():
             n = res["nbytes"]  # one [B, T, D] activation
             per_pass = 2 * (all_gather_bytes(n, world) + reduce_scatter_bytes(n, world))
             assert per_pass == 2 * all_reduce_bytes(n, world)  # an all-reduce is a reduce-scatter and an all-gather
