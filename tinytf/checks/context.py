@@ -77,8 +77,9 @@ def diagnose_ulysses(outputs: Sequence[Tensor], q: Tensor, k: Tensor, v: Tensor,
 class SimulatedRing:
     """Rank ``rank`` of ``world`` simulated ranks (threads of this process) with :class:`tinytf.collectives.Comm`'s
     ring step, ``exchange`` and ``post_exchange``. ``late=False`` delivers each block when it is posted;
-    ``late=True`` only at ``wait()``, reading what the sender's buffer holds then. ``hazards`` collects the
-    buffer misuses seen."""
+    ``late=True`` only at ``wait()``, reading what the sender's buffer holds then, and fills the receive
+    buffer with NaN until then (its content is undefined before the wait). ``hazards`` collects the buffer
+    misuses seen."""
 
     def __init__(self, rank: int, world: int, board: list, barrier: threading.Barrier, *, late: bool) -> None:
         self.rank, self.world, self.late = rank, world, late
@@ -109,6 +110,10 @@ class SimulatedRing:
             self._swap(send, into)
             return SimpleNamespace(wait=lambda: into)
         self._pending.append(list(send))
+        with torch.no_grad():
+            for r in into:
+                if r.is_floating_point():
+                    r.fill_(float("nan"))
 
         def wait() -> list[Tensor]:
             if [t._version for t in send] != versions:
@@ -170,6 +175,9 @@ def diagnose_overlapped_ring(fn: Callable[..., Tensor], world: int = 3) -> list[
         whole = {late: unshard_sequence(outs, layout) if all(isinstance(o, Tensor) for o in outs) else None
                  for late, (outs, _hazards) in runs.items()}
         ok = {late: w is not None and _close(w, right) for late, w in whole.items()}
+        nan = {late: w is not None and bool(w.isnan().any()) for late, w in whole.items()}
+        if nan[True] and not nan[False]:
+            hazards.append(_("a received buffer was read before its wait() (it held NaN until then)"))
         if hazards or ok[False] != ok[True]:
             evidence = "; ".join(hazards) if hazards else _("the result is right when each block arrives at once and wrong when it "
                                                               "arrives only at wait(), or the reverse")
