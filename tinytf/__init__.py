@@ -72,7 +72,6 @@ from .params import count_parameters, parameter_breakdown
 from .ring import RingStats, causal_scores, contiguous_layout, ring_attention, shard_sequence, unshard_sequence, zigzag_layout
 from .rolling import RollingKVCache
 from .sequence_parallel import SequenceParallelBlock, gather_sequence, scatter_sequence
-from .split_costs import LayerShape, SplitCost, split_costs
 from .tiled import TileStats, online_softmax_finish, online_softmax_update, tiled_attention
 from .ulysses import heads_to_seq, seq_to_heads, ulysses_attention
 
@@ -154,9 +153,6 @@ __all__ = [
     "ulysses_attention",
     "seq_to_heads",
     "heads_to_seq",
-    "LayerShape",
-    "SplitCost",
-    "split_costs",
     "ring_attention",
     "causal_scores",
     "RingStats",

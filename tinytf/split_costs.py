@@ -50,6 +50,7 @@ class LayerShape:
     gated: bool = True
     bias: bool = False
     norm_params: int = 0  # 0: 2·dim
+    vocab: int = 0  # the embedding and the output layer (untied): 2·vocab·dim parameters outside the layers
 
     @property
     def head_dim(self) -> int:
@@ -68,6 +69,11 @@ class LayerShape:
         ffn = (3 if self.gated else 2) * self.dim * self.ffn + (self.ffn if self.bias else 0)
         return attention + ffn + self.replicated_params
 
+    @property
+    def model_params(self) -> int:
+        """Parameters of the whole model: its layers, the embedding and the output layer."""
+        return self.layers * self.params + 2 * self.vocab * self.dim
+
     @classmethod
     def of_block(cls, block, name: str = "tinytf block") -> LayerShape:
         """The shape of a :class:`tinytf.TransformerBlock` (GELU FFN, LayerNorms, biases as built)."""
@@ -77,8 +83,8 @@ class LayerShape:
 
 
 # Llama 2 (Touvron et al. 2023, table 1 and the released configs): SwiGLU, RMSNorm, no biases
-LLAMA2_7B = LayerShape("Llama-2-7B", dim=4096, heads=32, kv_heads=32, ffn=11008, layers=32)
-LLAMA2_70B = LayerShape("Llama-2-70B", dim=8192, heads=64, kv_heads=8, ffn=28672, layers=80)
+LLAMA2_7B = LayerShape("Llama-2-7B", dim=4096, heads=32, kv_heads=32, ffn=11008, layers=32, vocab=32000)
+LLAMA2_70B = LayerShape("Llama-2-70B", dim=8192, heads=64, kv_heads=8, ffn=28672, layers=80, vocab=32000)
 
 
 @dataclass(frozen=True)
