@@ -25,7 +25,7 @@ from .bench import percentile
 from .collectives import Comm
 from .ring import Layout, ring_attention
 
-__all__ = ["SilentRing", "ring_overlap_times"]
+__all__ = ["SilentRing", "ring_overlap_times", "overlap_job"]
 
 Tensor = torch.Tensor
 VARIANTS = ("blocking", "overlapped", "silent")
@@ -69,3 +69,12 @@ def ring_overlap_times(q: Tensor, k: Tensor, v: Tensor, *, layout: Layout, comm:
     return {"times": times, "p50": {name: percentile(ts, 50) for name, ts in times.items()}, "exposed": exposed,
             "ratio": exposed["overlapped"] / exposed["blocking"] if exposed["blocking"] > 0 else float("nan"),
             "repeats": repeats, "warmup": warmup}
+
+
+def overlap_job(rank: int, world: int, heads: int, tokens_per_rank: int, head_dim: int, repeats: int) -> dict:
+    """One rank of a timing job (for :func:`tinytf.launch.run_processes`): random ``q, k, v [1, heads, T/P, d]``
+    on a contiguous layout of ``T = tokens_per_rank · P``, timed by :func:`ring_overlap_times`."""
+    torch.manual_seed(rank)
+    q, k, v = (torch.randn(1, heads, tokens_per_rank, head_dim) for _ in range(3))
+    layout = [[(r * tokens_per_rank, (r + 1) * tokens_per_rank)] for r in range(world)]
+    return ring_overlap_times(q, k, v, layout=layout, comm=Comm(), repeats=repeats)
