@@ -2,9 +2,9 @@
 
 The solution cells run in one namespace; every test cell (visible parts on two real gloo processes, hidden
 parts on P = 2 and 4 simulated ranks) records, and every record satisfies its judge; wrong values on the
-recorded inputs are rejected with a message that names the chapter-12 pitfall (Ulysses' swapped axes included); ``diagnose`` is silent on the
-solution and names each pitfall on a wrong student function. The student's functions reach the spawned
-processes by value (:mod:`tinytf.course.reference.ex11_ranks`), also when defined by a plain ``exec``.
+recorded inputs are rejected with a message that names the chapter-12 pitfall (Ulysses' swapped axes
+included); ``diagnose`` is silent on the solution and names each pitfall on a wrong student function. The
+student's functions reach the spawned processes by value (:mod:`tinytf.course.reference.ex11_ranks`), also when defined by a plain ``exec``.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from .collectives import Comm, copy_to_parallel, reduce_from_parallel
 from .grouped import repeat_kv
 from .heads import MultiHeadAttention
 from .masks import causal_mask
+from .parallel_kv import kv_heads_per_rank, kv_replicas, reduce_replicated_kv_grads
 
 __all__ = [
     "shard_qkv", "colwise_qkv_order", "local_attention", "shard_rows", "shard_cols", "shard_block_tensors",
@@ -53,16 +54,6 @@ def _check_split(heads: int, kv_heads: int, world: int, rank: int) -> None:
             f"or divide it (fewer K/V heads than ranks are replicated): each rank computes whole heads. Choose P among the "
             f"divisors of heads, or change heads."
         )
-
-
-def kv_heads_per_rank(kv_heads: int, world: int) -> int:
-    """K/V heads one rank holds: ``kv_heads / P``, or 1 when ``kv_heads < P`` (replicated)."""
-    return max(kv_heads // world, 1)
-
-
-def kv_replicas(kv_heads: int, world: int) -> int:
-    """How many ranks hold each K/V head: 1, or ``P / kv_heads`` when ``kv_heads < P``."""
-    return max(world // kv_heads, 1)
 
 
 def shard_qkv(w: Tensor, rank: int, world: int, heads: int, kv_heads: int | None = None) -> Tensor:
@@ -187,26 +178,6 @@ class TensorParallelAttention(nn.Module):
         groups = self.local_heads // self.local_kv
         out = local_attention(qkv, self.head_dim, self.local_heads, self.local_kv, groups, mask, is_causal, self.window)
         return F.linear(out, self.proj_weight)
-
-
-def reduce_replicated_kv_grads(attn: TensorParallelAttention) -> None:
-    """Sum the K/V weight (and bias) gradients over the ranks that replicate each K/V head (``kv_heads < P``).
-
-    Each replica's gradient holds only its own query heads' share. Every rank writes its K/V rows' gradient
-    into slot ``head`` of a zero buffer ``[kv_heads, rows]``; one all-reduce over the group (phase
-    ``"weight_grad"``) leaves in each slot the sum over that head's replicas. No-op when nothing is replicated.
-    """
-    if attn.kv_heads >= attn.world:
-        return
-    head, rows = attn.rank // kv_replicas(attn.kv_heads, attn.world), attn.local_heads * attn.head_dim
-    for p in (attn.qkv_weight, attn.qkv_bias):
-        if p is None or p.grad is None:
-            continue
-        mine = p.grad[rows:]  # [2·d, ...]: this rank's K and V rows (one K/V head)
-        buffer = mine.new_zeros((attn.kv_heads, *mine.shape))
-        buffer[head] = mine
-        attn.comm.all_reduce(buffer, "weight_grad")
-        mine.copy_(buffer[head])
 
 
 class _ParallelFFN(nn.Module):
