@@ -165,3 +165,19 @@ def test_block_sweep_numbers(text):
 
 def test_references_cited(text):
     stated(text, "arXiv:1805.02867", "arXiv:2205.14135", "arXiv:2307.08691", "§3.1", "228 KiB", "164 KiB")
+
+
+def test_flash_attention_versions_loop_orders(text):
+    # FlashAttention-1's backward (Algorithm 4) is already key/value-outer; FlashAttention-2 moved the forward's loop
+    stated(text, "Algorithm 4", "B_r = min(⌈M/4d⌉, d)", "B_c = ⌈M/4d⌉",
+           {"en": "is FlashAttention-1's already", "zh": "在 FlashAttention-1 里就已经是这样"},
+           {"en": "**query blocks in the outer loop**", "zh": "**查询块放在外层循环**"})
+    assert "and its backward puts the **key/value blocks in the outer loop**" not in text["en"]
+    assert "它的反向把**键/值块放在外层循环**" not in text["zh"]
+    assert "the key/value-blocks-outer backward.\n" not in text["en"] and "键/值块在外层的反向。" not in text["zh"]
+    # tinytf's IO model: the block that streams past is the one bounded by d (FlashAttention-1 bounds its query block)
+    doc = tiled_io_blocks.__doc__
+    assert "B_r = min(⌈M/4d⌉, d)" in doc and "As in the FlashAttention paper the other block" not in doc
+    for m_kib in FAST_MEMORIES:
+        bq, bk = tiled_io_blocks(N, D, m_kib * KiB)
+        assert bk == min(D, N) and bq >= 1  # the streamed key block is bounded by d; the reused query block takes the rest

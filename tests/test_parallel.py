@@ -1,6 +1,8 @@
 """tinytf.parallel on two gloo processes: tensor-parallel attention and block equal the single-process
 modules (forward ≤ 1e-6 in fp32, each rank's gradients = the slices of the full gradients), equal
-PyTorch's parallelize_module, cost exactly two all-reduces per block forward, and the five pitfalls show."""
+PyTorch's parallelize_module, cost exactly two all-reduces per block forward, and the five pitfalls show.
+On 3 and 4 processes: the block again, with multi-head and with fewer K/V heads than ranks (replicated,
+their weight gradients summed over the replicas by reduce_replicated_kv_grads)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,16 @@ from tinytf import (
     shard_qkv,
 )
 from tinytf.launch import run_processes
-from tinytf.parallel import ParallelizableBlock, colwise_qkv_order, local_attention, shard_cols, shard_rows
+from tinytf.parallel import (
+    ParallelizableBlock,
+    colwise_qkv_order,
+    kv_heads_per_rank,
+    kv_replicas,
+    local_attention,
+    reduce_replicated_kv_grads,
+    shard_cols,
+    shard_rows,
+)
 
 WORLD = 2
 D, H, B, T = 32, 4, 2, 8
@@ -137,6 +148,60 @@ def _job(rank: int, world: int) -> dict:
     )
 
 
+WIDE_D, WIDE_H = 48, 12  # heads divisible by 2, 3 and 4
+WIDE_KV = {3: (12, 3, 1), 4: (12, 4, 2, 1)}  # per P: multi-head, kv = P, and kv < P (replicated)
+
+
+def _wide_case(rank: int, world: int, kv: int) -> dict:
+    """The whole block on ``world`` ranks, fp64, with ``kv`` K/V heads; gradients before and after the replica sum."""
+    torch.manual_seed(6)
+    block = tinytf.TransformerBlock(WIDE_D, WIDE_H, T, kv_heads=kv).double()
+    comm = Comm()
+    tp = TensorParallelBlock(block, rank, world, comm)
+    x = torch.randn(B, T, WIDE_D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    w = torch.randn(B, T, WIDE_D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    ref, out = block(x), tp(x)
+    (ref * w).sum().backward()
+    (out * w).sum().backward()
+    full = shard_block_tensors({n: p.grad for n, p in block.named_parameters()}, rank, world, WIDE_H, kv)
+    before = tp.attn.qkv_weight.grad.clone()
+    reduce_replicated_kv_grads(tp.attn)
+    errs = {tp.source[n]: _err(p.grad, full[tp.source[n]]) for n, p in tp.named_parameters()}
+    rows = tp.attn.local_heads * tp.attn.head_dim
+    return dict(fwd=_err(out, ref), grads=errs, kv_rows=before[rows:], full_kv_rows=full["attn.qkv.weight"][rows:],
+                qkv_shape=list(tp.attn.qkv_weight.shape), weight_grad_sent=comm.traffic.sent_by_phase["weight_grad"])
+
+
+def _wide_job(rank: int, world: int) -> dict:
+    return dict(rank=rank, cases={kv: _wide_case(rank, world, kv) for kv in WIDE_KV[world]})
+
+
+@pytest.fixture(scope="module", params=sorted(WIDE_KV), ids=lambda p: f"P{p}")
+def wide(request) -> list[dict]:
+    results = run_processes(_wide_job, request.param)
+    assert [r["rank"] for r in results] == list(range(request.param))
+    return results
+
+
+def test_block_on_three_and_four_ranks_with_replicated_kv_heads(wide):
+    world = len(wide)
+    for r in wide:
+        assert sorted(r["cases"]) == sorted(WIDE_KV[world])
+        for kv, case in r["cases"].items():
+            assert case["fwd"] <= 1e-12 and len(case["grads"]) == 12 and max(case["grads"].values()) <= 1e-12, (kv, case["grads"])
+            d = WIDE_D // WIDE_H
+            assert case["qkv_shape"] == [(WIDE_H // world + 2 * kv_heads_per_rank(kv, world)) * d, WIDE_D]
+            assert (case["weight_grad_sent"] > 0) == (kv < world)  # only replicated K/V heads need the extra all-reduce
+    for kv in WIDE_KV[world]:
+        if kv >= world:
+            continue
+        replicas = kv_replicas(kv, world)
+        for head in range(kv):  # before the sum each replica holds a part; the parts add up to the full gradient
+            group = [wide[r]["cases"][kv] for r in range(head * replicas, (head + 1) * replicas)]
+            assert all(_err(c["kv_rows"], c["full_kv_rows"]) > 1e-6 for c in group)
+            assert _err(sum(c["kv_rows"] for c in group), group[0]["full_kv_rows"]) <= 1e-12
+
+
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
     results = run_processes(_job, WORLD)
@@ -211,12 +276,26 @@ def test_shard_qkv_takes_each_rank_its_heads_of_q_k_and_v(world):
     assert not torch.equal(rows.chunk(world)[0], shard_qkv(rows, 0, world, heads, kv))  # the one-piece split differs
 
 
+def test_replicated_kv_heads_go_to_the_ranks_whose_query_heads_read_them():
+    heads, kv, d, world = 8, 2, 1, 4
+    rows = torch.arange((heads + 2 * kv) * d).float()[:, None]
+    for r in range(world):
+        got = shard_qkv(rows, r, world, heads, kv).flatten().long().tolist()
+        head = r // 2  # ranks 0, 1 read K/V head 0 (query heads 0-3); ranks 2, 3 head 1
+        assert got == [2 * r, 2 * r + 1, heads + head, heads + kv + head]
+        assert all(tinytf.grouped.kv_head_of(h, heads, kv) == head for h in (2 * r, 2 * r + 1))
+    assert (kv_heads_per_rank(2, 4), kv_replicas(2, 4), kv_heads_per_rank(8, 4), kv_replicas(8, 4)) == (1, 2, 2, 1)
+    assert colwise_qkv_order(rows, world, heads, kv).size(0) == world * 4  # the K/V rows appear once per replica
+
+
 def test_shards_and_errors():
     w = torch.arange(24.0).view(4, 6)
     assert torch.equal(torch.cat([shard_rows(w, r, 2) for r in range(2)]), w)
     assert torch.equal(torch.cat([shard_cols(w, r, 2) for r in range(2)], dim=1), w)
     with pytest.raises(ValueError, match="divisible by the number of ranks"):
         shard_qkv(torch.zeros(36, 4), 0, 3, 4, 4)
+    with pytest.raises(ValueError, match="or divide it"):
+        shard_qkv(torch.zeros(30, 4), 0, 4, 12, 3)  # 3 K/V heads on 4 ranks: neither divides the other
     with pytest.raises(ValueError, match="rank must be"):
         shard_qkv(torch.zeros(36, 4), 2, 2, 4, 4)
     with pytest.raises(ValueError, match="equal shards"):

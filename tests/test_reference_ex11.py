@@ -2,9 +2,9 @@
 
 The solution cells run in one namespace; every test cell (visible parts on two real gloo processes, hidden
 parts on P = 2 and 4 simulated ranks) records, and every record satisfies its judge; wrong values on the
-recorded inputs are rejected with a message that names the chapter-12 pitfall; ``diagnose`` is silent on the
-solution and names each pitfall on a wrong student function. The student's functions reach the spawned
-processes by value (:mod:`tinytf.course.reference.ex11_ranks`), also when defined by a plain ``exec``.
+recorded inputs are rejected with a message that names the chapter-12 pitfall (Ulysses' swapped axes
+included); ``diagnose`` is silent on the solution and names each pitfall on a wrong student function. The
+student's functions reach the spawned processes by value (:mod:`tinytf.course.reference.ex11_ranks`), also when defined by a plain ``exec``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from tinytf.checks import Pitfall
 from tinytf.course.reference import ex11
 from tinytf.course.reference.ex11_ranks import on_processes, on_threads, reference_attention, ship, unship
 
-TESTS = ("ex11_split", "ex11_row", "ex11_ring")
-CODE = ("ex11_setup", "ex11_split_code", "ex11_row_code", "ex11_ring_code")
+TESTS = ("ex11_split", "ex11_row", "ex11_ring", "ex11_ulysses")
+CODE = ("ex11_setup", "ex11_split_code", "ex11_row_code", "ex11_ring_code", "ex11_ulysses_code")
 
 
 def _cells() -> dict:
@@ -33,7 +33,7 @@ def ns() -> dict:
 
 def test_every_test_cell_has_a_judge_and_a_probe():
     R.assert_hidden_tests_use_their_probes(_cells(), TESTS, ex11.PROBES, "_probes11")
-    assert R.graded_points(_cells()) == {"ex11_split": 4, "ex11_row": 3, "ex11_ring": 4, "ex11_explain": 2}
+    assert R.graded_points(_cells()) == {"ex11_split": 4, "ex11_row": 3, "ex11_ring": 4, "ex11_ulysses": 3, "ex11_explain": 2}
     for gid in TESTS:  # every visible check is a real multi-process run
         visible = _cells()[gid].source.split("### BEGIN HIDDEN TESTS")[0]
         assert "on_processes(" in visible, gid
@@ -55,6 +55,7 @@ def test_the_hidden_inputs_cover_two_and_four_ranks(records):
     rec = records["ex11_split"]["inputs"]
     assert rec["heads"] % 4 == 0 and rec["kv_heads"] % 4 == 0
     assert records["ex11_ring"]["inputs"]["q"].size(-2) % 4 == 0
+    assert records["ex11_ulysses"]["inputs"]["q"].size(1) % 4 == 0 and records["ex11_ulysses"]["inputs"]["q"].size(-2) % 4 == 0
 
 
 
@@ -75,6 +76,13 @@ def test_wrong_values_are_rejected_with_a_message_that_names_the_pitfall(records
     local = {f"P{p}": on_threads("ring", _merge_local, p, q, k, v) for p in ex11.WORLDS}
     R.rejects("ex11_ring", local, rec["inputs"], "pitfall 24")
 
+    rec = records["ex11_ulysses"]
+    q, k, v = rec["inputs"]["q"], rec["inputs"]["k"], rec["inputs"]["v"]
+    swapped = {f"P{p}": on_threads("ulysses", _heads_along_heads, p, q, k, v) for p in ex11.WORLDS}
+    R.rejects("ex11_ulysses", swapped, rec["inputs"], "pitfall 26")
+    unordered = {f"P{p}": on_threads("ulysses", _positions_interleaved, p, q, k, v) for p in ex11.WORLDS}
+    R.rejects("ex11_ulysses", unordered, rec["inputs"], "not this rank's head group")
+
 
 def _split_one_piece(weight, rank, world, heads, kv_heads):
     return weight.chunk(world)[rank]
@@ -92,6 +100,19 @@ def _merge_local(m, l, acc, q, k, v, q_start, k_start):
     return ex11.reference_merge_block(m, l, acc, q, k, v, 0, 0)
 
 
+def _heads_along_heads(x, comm):
+    """Pitfall 26: the received blocks of positions laid along the heads."""
+    p = comm.world
+    return comm.all_to_all(x.unflatten(1, (p, x.size(1) // p)).movedim(1, 0).contiguous()).movedim(0, 1).flatten(1, 2)
+
+
+def _positions_interleaved(x, comm):
+    """Right shape, wrong order: the rank axis put after the positions (position i of every rank, then i + 1 ...)."""
+    p = comm.world
+    got = comm.all_to_all(x.unflatten(1, (p, x.size(1) // p)).movedim(1, 0).contiguous())  # [P, B, H/P, n, d]
+    return got.permute(1, 2, 3, 0, 4).flatten(2, 3)
+
+
 def test_diagnose_is_silent_on_the_solution(ns):
     assert ex11.diagnose(dict(ns)) == []
 
@@ -101,6 +122,8 @@ def test_diagnose_is_silent_on_the_solution(ns):
     ("row_parallel", _row_no_reduce, Pitfall.FORGOTTEN_ALL_REDUCE),
     ("row_parallel", _row_bias_every_rank, Pitfall.BIAS_BEFORE_ALL_REDUCE),
     ("merge_block", _merge_local, Pitfall.RING_LOCAL_OFFSET),
+    ("seq_to_heads", _heads_along_heads, Pitfall.ULYSSES_AXES_SWAPPED),
+    ("seq_to_heads", _positions_interleaved, Pitfall.GENERAL),
 ])
 def test_diagnose_names_each_pitfall(ns, name, wrong, pitfall):
     findings = ex11.diagnose(dict(ns, **{name: wrong}))

@@ -26,26 +26,33 @@ from .checks import (
     diagnose_lm_loss,
     diagnose_masked_rows,
     diagnose_online_softmax,
+    diagnose_overlapped_ring,
     diagnose_qkv_split,
     diagnose_replicated,
+    diagnose_replicated_grads,
     diagnose_ring_attention,
+    diagnose_ring_traffic,
     diagnose_row_parallel,
     diagnose_tiled_attention,
     diagnose_timings,
+    diagnose_ulysses,
     diagnose_window,
     report,
 )
 from .collectives import (
     Comm,
+    Pending,
     Traffic,
     all_gather_bytes,
     all_reduce_bytes,
+    all_to_all_bytes,
     copy_to_parallel,
     reduce_from_parallel,
     reduce_scatter_bytes,
 )
 from .compiled import CompileReport, compile_report, compile_skip_reason
 from .config import ModelConfig
+from .context_parallel import ContextParallelBlock
 from .convert import to_grouped_query
 from .device import describe_device, pick_device, synchronize
 from .generation import cache_for, generate
@@ -62,6 +69,7 @@ from .parallel import (
     TensorParallelAttention,
     TensorParallelBlock,
     column_parallel_linear,
+    reduce_replicated_kv_grads,
     row_parallel_linear,
     shard_block_tensors,
     shard_qkv,
@@ -69,9 +77,11 @@ from .parallel import (
 from .params import count_parameters, parameter_breakdown
 from .precision import Threshold, accumulation_errors, finite_map, formats, score_overflow, softmax_overflow
 from .profiling import PartTimes, label_parts, part_times
-from .ring import RingStats, contiguous_layout, ring_attention, shard_sequence, unshard_sequence, zigzag_layout
+from .ring import RingStats, causal_scores, contiguous_layout, ring_attention, shard_sequence, unshard_sequence, zigzag_layout
 from .rolling import RollingKVCache
+from .sequence_parallel import SequenceParallelBlock, gather_sequence, scatter_sequence
 from .tiled import TileStats, online_softmax_finish, online_softmax_update, tiled_attention
+from .ulysses import heads_to_seq, seq_to_heads, ulysses_attention
 
 __version__ = "0.1.0"
 
@@ -131,6 +141,8 @@ __all__ = [
     "all_reduce_bytes",
     "all_gather_bytes",
     "reduce_scatter_bytes",
+    "all_to_all_bytes",
+    "Pending",
     "copy_to_parallel",
     "reduce_from_parallel",
     "run_processes",
@@ -141,7 +153,16 @@ __all__ = [
     "row_parallel_linear",
     "TensorParallelAttention",
     "TensorParallelBlock",
+    "reduce_replicated_kv_grads",
+    "SequenceParallelBlock",
+    "gather_sequence",
+    "scatter_sequence",
+    "ContextParallelBlock",
+    "ulysses_attention",
+    "seq_to_heads",
+    "heads_to_seq",
     "ring_attention",
+    "causal_scores",
     "RingStats",
     "contiguous_layout",
     "zigzag_layout",
@@ -170,4 +191,8 @@ __all__ = [
     "diagnose_masked_rows",
     "diagnose_grad_underflow",
     "diagnose_timings",
+    "diagnose_ulysses",
+    "diagnose_overlapped_ring",
+    "diagnose_replicated_grads",
+    "diagnose_ring_traffic",
 ]

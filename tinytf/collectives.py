@@ -5,12 +5,16 @@ With ``P`` ranks and a tensor of ``n`` bytes, the ring algorithm moves, per rank
     all-reduce       2 (P - 1) / P · n      (a reduce-scatter, then an all-gather)
     reduce-scatter     (P - 1) / P · n      (n = the full input)
     all-gather         (P - 1) / P · n      (n = the full output)
+    all-to-all         (P - 1) / P · n      (n = this rank's input: it keeps 1/P, sends the rest)
     send / recv                      n
 
 — almost independent of ``P``: a bigger ring does not send more per rank, it only takes more steps.
 gloo and NCCL do not report what they send, so :class:`Comm` can run the ring itself
 (``measure=True``) over torch.distributed's point-to-point ``isend``/``irecv`` and count every byte;
-with ``measure=False`` it calls ``dist.all_reduce`` and counts calls only. Tensor parallelism needs
+with ``measure=False`` it calls ``dist.all_reduce`` and counts calls only. The all-to-all runs as
+``dist.all_to_all_single`` (gloo has it on CPU) and counts the chunks that leave the rank.
+:meth:`Comm.post_exchange` starts a ring step and returns at once (:class:`Pending`; ``wait()``
+finishes it), so that a rank can compute while its blocks travel. Tensor parallelism needs
 two conjugate autograd operations (Megatron-LM's *f* and *g*): :func:`copy_to_parallel` (identity
 forward, all-reduce backward) and :func:`reduce_from_parallel` (all-reduce forward, identity backward).
 """
@@ -24,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
-    "Comm", "Traffic", "all_reduce_bytes", "all_gather_bytes", "reduce_scatter_bytes",
+    "Comm", "Traffic", "Pending", "all_reduce_bytes", "all_gather_bytes", "reduce_scatter_bytes", "all_to_all_bytes",
     "copy_to_parallel", "reduce_from_parallel",
 ]
 
@@ -46,15 +50,27 @@ def all_gather_bytes(nbytes: int, world: int) -> float:
     return (world - 1) * nbytes / world
 
 
+def all_to_all_bytes(nbytes: int, world: int) -> float:
+    """Bytes each rank sends in an all-to-all of its ``nbytes`` input: ``(P - 1) / P · n`` (chunk ``r`` stays)."""
+    return (world - 1) * nbytes / world
+
+
 @dataclass
 class Traffic:
-    """What one rank did: calls per ``(op, phase)``, bytes sent and received (measured), and
-    ``logical`` bytes per op (the sizes of the tensors handed to each collective)."""
+    """What one rank did: calls per ``(op, phase)``, bytes sent and received (measured), bytes sent per
+    phase (``"forward"``, ``"backward"``, ``"weight_grad"`` …), and ``logical`` bytes per op (the sizes
+    of the tensors handed to each collective)."""
 
     calls: Counter = field(default_factory=Counter)
     sent: int = 0
     received: int = 0
     logical: Counter = field(default_factory=Counter)
+    sent_by_phase: Counter = field(default_factory=Counter)
+
+    def _moved(self, sent: int, received: int, phase: str) -> None:
+        self.sent += sent
+        self.received += received
+        self.sent_by_phase[phase] += sent
 
     def count(self, op: str, phase: str = "forward") -> int:
         """How many ``op`` calls (e.g. ``"all_reduce"``) happened in ``phase`` (``"forward"``/``"backward"``)."""
@@ -86,26 +102,55 @@ class Comm:
     def exchange(self, tensors: list[Tensor], phase: str = "forward") -> list[Tensor]:
         """Send ``tensors`` to the next rank of the ring and receive as many of the same shapes from
         the previous one (one step of a ring). Returns the received tensors."""
-        self.traffic.calls["send_recv", phase] += 1
-        return self._ring_step(tensors, tensors)
+        return self.post_exchange(tensors, None, phase).wait()
 
-    def _ring_step(self, send: list[Tensor], like: list[Tensor]) -> list[Tensor]:
-        """isend ``send`` to rank+1, irecv tensors shaped like ``like`` from rank-1; count the bytes."""
-        received = [torch.empty_like(t) for t in like]
-        ops = [dist.P2POp(dist.isend, t.contiguous(), self._peer(1), self.group) for t in send]
-        ops += [dist.P2POp(dist.irecv, r, self._peer(-1), self.group) for r in received]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-        self.traffic.sent += sum(t.nbytes for t in send)
-        self.traffic.received += sum(r.nbytes for r in received)
-        return received
+    def post_exchange(self, send: list[Tensor], into: list[Tensor] | None = None, phase: str = "forward") -> Pending:
+        """Start one ring step and return at once: ``send`` goes to rank + 1, tensors shaped like them come
+        from rank - 1 into ``into`` (new tensors when ``None``). Until :meth:`Pending.wait` neither ``send``
+        may be written nor ``into`` read or written: the transfer may still be using them."""
+        if into is None:
+            into = [_buffer(t) for t in send]
+        elif [t.shape for t in send] != [t.shape for t in into] or not all(t.is_contiguous() for t in into):
+            raise ValueError(f"a ring step receives into contiguous tensors shaped like those it sends: {[list(t.shape) for t in send]} "
+                             f"vs {[list(t.shape) for t in into]}")
+        self.traffic.calls["send_recv", phase] += 1
+        return self._post(send, into, phase)
+
+    def _post(self, send: list[Tensor], into: list[Tensor], phase: str) -> Pending:
+        """isend ``send`` to rank+1, irecv ``into`` from rank-1; count the bytes."""
+        send = [t.contiguous() for t in send]  # kept alive in Pending until the transfer is done
+        ops = [dist.P2POp(dist.isend, t, self._peer(1), self.group) for t in send]
+        ops += [dist.P2POp(dist.irecv, r, self._peer(-1), self.group) for r in into]
+        self.traffic._moved(sum(t.nbytes for t in send), sum(r.nbytes for r in into), phase)
+        return Pending(dist.batch_isend_irecv(ops), send, into)
+
+    def _ring_step(self, send: list[Tensor], like: list[Tensor], phase: str) -> list[Tensor]:
+        """One blocking ring step (the building block of the counted collectives)."""
+        return self._post(send, [_buffer(t) for t in like], phase).wait()
+
+    def all_to_all(self, t: Tensor, phase: str = "forward") -> Tensor:
+        """``t [P, ...]``: chunk ``j`` goes to rank ``j``; returns ``[P, ...]`` whose chunk ``i`` came from
+        rank ``i`` (``dist.all_to_all_single``). Counts the ``P - 1`` chunks that leave this rank."""
+        if t.size(0) != self.world:
+            raise ValueError(f"all_to_all takes one chunk per rank along dim 0: got {list(t.shape)} for P={self.world}; "
+                             f"reshape to [{self.world}, ...] first")
+        out = _buffer(t)
+        if self.world > 1:
+            dist.all_to_all_single(out, t.contiguous(), group=self.group)
+        else:
+            out.copy_(t)
+        moved = t.nbytes - t[self.rank].nbytes
+        self.traffic._moved(moved, moved, phase)
+        self.traffic.calls["all_to_all", phase] += 1
+        self.traffic.logical["all_to_all"] += t.nbytes
+        return out
 
     def reduce_scatter(self, t: Tensor, phase: str = "forward") -> Tensor:
         """Ring reduce-scatter: rank ``r`` gets the sum over ranks of chunk ``r`` of ``t.flatten()``."""
         chunks = [c.clone() for c in t.flatten().tensor_split(self.world)]
         for step in range(self.world - 1):  # send chunk r-1-step, receive and add chunk r-2-step
             send, recv = (self.rank - step - 1) % self.world, (self.rank - step - 2) % self.world
-            (got,) = self._ring_step([chunks[send]], [chunks[recv]])
+            (got,) = self._ring_step([chunks[send]], [chunks[recv]], phase)
             chunks[recv] += got
         self.traffic.calls["reduce_scatter", phase] += 1
         self.traffic.logical["reduce_scatter"] += t.nbytes
@@ -117,7 +162,7 @@ class Comm:
         chunks[self.rank] = chunk.flatten()
         for step in range(self.world - 1):  # send chunk r-step, receive chunk r-1-step
             send, recv = (self.rank - step) % self.world, (self.rank - step - 1) % self.world
-            (chunks[recv],) = self._ring_step([chunks[send]], [chunks[recv]])
+            (chunks[recv],) = self._ring_step([chunks[send]], [chunks[recv]], phase)
         self.traffic.calls["all_gather", phase] += 1
         self.traffic.logical["all_gather"] += sum(sizes) * chunk.element_size()
         return torch.cat(chunks)
@@ -134,6 +179,25 @@ class Comm:
         self.traffic.calls["all_reduce", phase] += 1
         self.traffic.logical["all_reduce"] += t.nbytes
         return t
+
+
+def _buffer(like: Tensor) -> Tensor:
+    """An empty contiguous tensor shaped like ``like`` (a transfer writes its bytes in order)."""
+    return torch.empty_like(like, memory_format=torch.contiguous_format)
+
+
+class Pending:
+    """A ring step in flight (:meth:`Comm.post_exchange`). ``wait()`` blocks until it is done and returns
+    the received tensors; after it the sent tensors may be reused."""
+
+    def __init__(self, works: list, sent: list[Tensor], received: list[Tensor]) -> None:
+        self._works, self._sent, self.received = works, sent, received
+
+    def wait(self) -> list[Tensor]:
+        for work in self._works:
+            work.wait()
+        self._works, self._sent = [], []
+        return self.received
 
 
 class _CopyToParallel(torch.autograd.Function):

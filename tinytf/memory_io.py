@@ -3,7 +3,7 @@ cache) by one head's attention forward, counted from each algorithm's loop struc
 
 * explicit (the FlashAttention paper's "standard attention"): ``S = QKᵀ`` is written out, read back
   for the softmax, ``P`` written, read back for ``PV`` — Θ(Nd + N²) accesses whatever ``M`` is;
-* tiled (FlashAttention-2's forward, :func:`tinytf.tiled_attention`): each query block is read once
+* tiled (FlashAttention-2's loop order, :func:`tinytf.tiled_attention`): each query block is read once
   and every key/value block it needs streams past it, so K and V are read once *per query block*.
   The larger the query block that fits in ``M``, the fewer passes: about ``N·d/M`` passes of ``2Nd``
   elements, Θ(N²d²/M).
@@ -27,9 +27,12 @@ def _footprint(block_q: int, block_k: int, head_dim: int) -> int:
 def tiled_io_blocks(tokens: int, head_dim: int, fast_memory: int, bytes_per: int = 4) -> tuple[int, int]:
     """``(block_q, block_k)`` for the tiled loop in ``fast_memory`` bytes.
 
-    As in the FlashAttention paper the other block is at most ``d`` rows (``block_k = min(d, N)``);
-    the query block — the one that is *reused* against every key block — is the largest that fits
-    (at most ``N``). Raises ``ValueError`` when not even one query row fits.
+    The block that streams past is at most ``d`` rows (``block_k = min(d, N)``); the query block — the
+    one that is *reused* against every key block in this loop order — is the largest that fits (at most
+    ``N``). FlashAttention-1's Algorithm 1 has the opposite loop order (key/value blocks outside) and so
+    the roles swapped: its key/value blocks are the large ones, ``B_c = ⌈M/4d⌉`` rows, and it bounds the
+    *query* block, ``B_r = min(⌈M/4d⌉, d)``. Either way the streamed block is the one bounded by ``d``.
+    Raises ``ValueError`` when not even one query row fits.
     """
     if tokens < 1 or head_dim < 1 or bytes_per < 1:
         raise ValueError(f"tokens, head_dim and bytes_per must be positive, got {tokens}, {head_dim}, {bytes_per}")

@@ -12,6 +12,12 @@ once, after it. A block's forward therefore costs exactly two all-reduces of ``[
 The fused ``qkv.weight [D + 2·kv·d, D]`` is ``[W_q; W_k; W_v]``: rank ``r`` needs rows of *each* of
 the three, those of its own heads (:func:`shard_qkv`). Cutting the fused matrix into ``P`` plain
 pieces would give rank 0 all of ``W_q`` and none of ``W_k`` (for ``P = 3``) — same shapes, wrong heads.
+
+Grouped-query K/V with fewer K/V heads than ranks (``kv_heads < P``, ``P`` a multiple of ``kv_heads``):
+the K/V heads are **replicated**, as vLLM and TensorRT-LLM do — rank ``r`` holds the one K/V head its
+query heads read, ``r // (P / kv_heads)``, so ``P / kv_heads`` ranks hold each. That costs ``P / kv_heads``
+times the K/V weights and cache across the group, and in training the replicas' weight gradients are
+partial sums: :func:`reduce_replicated_kv_grads` adds them up.
 """
 
 from __future__ import annotations
@@ -28,10 +34,12 @@ from .collectives import Comm, copy_to_parallel, reduce_from_parallel
 from .grouped import repeat_kv
 from .heads import MultiHeadAttention
 from .masks import causal_mask
+from .parallel_kv import kv_heads_per_rank, kv_replicas, reduce_replicated_kv_grads
 
 __all__ = [
     "shard_qkv", "colwise_qkv_order", "local_attention", "shard_rows", "shard_cols", "shard_block_tensors",
     "column_parallel_linear", "row_parallel_linear", "TensorParallelAttention", "TensorParallelBlock", "ParallelizableBlock",
+    "kv_heads_per_rank", "kv_replicas", "reduce_replicated_kv_grads",
 ]
 
 Tensor = torch.Tensor
@@ -40,10 +48,11 @@ Tensor = torch.Tensor
 def _check_split(heads: int, kv_heads: int, world: int, rank: int) -> None:
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"rank must be in 0..world-1, got rank={rank}, world={world}")
-    if heads % world or kv_heads % world:
+    if heads % world or (kv_heads % world and world % kv_heads):
         raise ValueError(
-            f"heads={heads} and kv_heads={kv_heads} must both be divisible by the number of ranks P={world}: "
-            f"each rank computes whole heads. Choose P among the common divisors, or change heads."
+            f"heads={heads} must be divisible by the number of ranks P={world}, and kv_heads={kv_heads} must be divisible by P "
+            f"or divide it (fewer K/V heads than ranks are replicated): each rank computes whole heads. Choose P among the "
+            f"divisors of heads, or change heads."
         )
 
 
@@ -58,12 +67,11 @@ def shard_qkv(w: Tensor, rank: int, world: int, heads: int, kv_heads: int | None
     if w.size(0) % (heads + 2 * kv_heads):
         raise ValueError(f"qkv tensor {list(w.shape)} has no (heads + 2·kv_heads)·d_head = ({heads} + 2·{kv_heads})·d rows")
     d = w.size(0) // (heads + 2 * kv_heads)
-    parts = w.split([heads * d, kv_heads * d, kv_heads * d])
-    out = []
-    for part, n in zip(parts, (heads, kv_heads, kv_heads)):
-        per = n // world  # heads of this kind per rank
-        out.append(part[rank * per * d : (rank + 1) * per * d])
-    return torch.cat(out)
+    w_q, w_k, w_v = w.split([heads * d, kv_heads * d, kv_heads * d])
+    q_per, kv_per = heads // world, kv_heads_per_rank(kv_heads, world)  # heads of each kind one rank holds
+    first_kv = rank // kv_replicas(kv_heads, world) * kv_per  # its first K/V head (the same on every replica)
+    return torch.cat([w_q[rank * q_per * d : (rank + 1) * q_per * d],
+                      w_k[first_kv * d : (first_kv + kv_per) * d], w_v[first_kv * d : (first_kv + kv_per) * d]])
 
 
 def colwise_qkv_order(w: Tensor, world: int, heads: int, kv_heads: int | None = None) -> Tensor:
@@ -151,7 +159,8 @@ class TensorParallelAttention(nn.Module):
         heads, kv = full.heads, full.kv_heads
         _check_split(heads, kv, world, rank)
         self.comm, self.head_dim, self.groups, self.window = comm, full.head_dim, full.groups, window
-        self.local_heads, self.local_kv = heads // world, kv // world
+        self.local_heads, self.local_kv = heads // world, kv_heads_per_rank(kv, world)
+        self.kv_heads, self.rank, self.world = kv, rank, world
         self.qkv_weight = _param(shard_qkv(full.qkv.weight, rank, world, heads, kv))
         self.qkv_bias = _param(None if full.qkv.bias is None else shard_qkv(full.qkv.bias, rank, world, heads, kv))
         self.proj_weight = _param(shard_cols(full.proj.weight, rank, world))
@@ -159,9 +168,16 @@ class TensorParallelAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """x ``[B, T, D]`` -> ``[B, T, D]``; ``mask`` as in :class:`tinytf.MultiHeadAttention` (True = may attend)."""
-        qkv = column_parallel_linear(x, self.qkv_weight, self.qkv_bias, self.comm)  # [B, T, (H + 2·kv)·d / P]
-        out = local_attention(qkv, self.head_dim, self.local_heads, self.local_kv, self.groups, mask, is_causal, self.window)
-        return row_parallel_linear(out, self.proj_weight, self.proj_bias, self.comm)
+        y = reduce_from_parallel(self.partial(copy_to_parallel(x, self.comm), mask, is_causal), self.comm)
+        return y if self.proj_bias is None else y + self.proj_bias
+
+    def partial(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """This rank's share of the output, before any communication and without the bias: its heads' attention
+        over ``x [B, T, D]`` times its columns of ``proj`` -> ``[B, T, D]`` (a partial sum over the ranks)."""
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [B, T, (H/P + 2·kv_r)·d]: this rank's heads
+        groups = self.local_heads // self.local_kv
+        out = local_attention(qkv, self.head_dim, self.local_heads, self.local_kv, groups, mask, is_causal, self.window)
+        return F.linear(out, self.proj_weight)
 
 
 class _ParallelFFN(nn.Module):
@@ -179,6 +195,10 @@ class _ParallelFFN(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = F.gelu(column_parallel_linear(x, self.up_weight, self.up_bias, self.comm))  # [B, T, eD/P]
         return row_parallel_linear(h, self.down_weight, self.down_bias, self.comm)
+
+    def partial(self, x: Tensor) -> Tensor:
+        """This rank's partial sum of the FFN output (no communication, no bias): ``[..., D] -> [..., D]``."""
+        return F.linear(F.gelu(F.linear(x, self.up_weight, self.up_bias)), self.down_weight)
 
 
 class TensorParallelBlock(nn.Module):
@@ -235,12 +255,16 @@ class ParallelizableBlock(nn.Module):
         attn = block.attn
         _check_split(attn.heads, attn.kv_heads, world, 0)
         self.norm_position, self.window = block.norm_position, attn.window
-        self.head_dim, self.groups = attn.head_dim, attn.groups
-        self.local_heads, self.local_kv = attn.heads // world, attn.kv_heads // world
+        self.head_dim = attn.head_dim
+        self.local_heads, self.local_kv = attn.heads // world, kv_heads_per_rank(attn.kv_heads, world)
+        self.groups = self.local_heads // self.local_kv
         self.norm1, self.norm2 = copy.deepcopy(block.norm1), copy.deepcopy(block.norm2)
-        self.attn_qkv, self.attn_proj = copy.deepcopy(attn.qkv), copy.deepcopy(attn.proj)
+        self.attn_proj = copy.deepcopy(attn.proj)
+        weight = colwise_qkv_order(attn.qkv.weight, world, attn.heads, attn.kv_heads)  # more rows than qkv's if K/V replicate
+        self.attn_qkv = nn.Linear(weight.size(1), weight.size(0), bias=attn.qkv.bias is not None,
+                                  device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            self.attn_qkv.weight.copy_(colwise_qkv_order(attn.qkv.weight, world, attn.heads, attn.kv_heads))
+            self.attn_qkv.weight.copy_(weight)
             if attn.qkv.bias is not None:
                 self.attn_qkv.bias.copy_(colwise_qkv_order(attn.qkv.bias, world, attn.heads, attn.kv_heads))
         self.ffn_up, self.ffn_down = copy.deepcopy(block.ffn[0]), copy.deepcopy(block.ffn[2])

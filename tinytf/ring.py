@@ -15,6 +15,16 @@ global ranges; a rank's local tensor is those ranges concatenated in order.
 The backward recomputes each tile's weights from the saved log-sum-exp (as :mod:`tinytf.tiled` does)
 and sends each K/V block around the ring once more together with its accumulating gradients dK, dV;
 one final hop brings every block's dK, dV home.
+
+**Grouped-query K/V** (chapter 11): ``k``, ``v`` may hold fewer heads than ``q`` (``kv_heads`` dividing
+``heads``). The ring then passes the *narrow* blocks ``[B, kv_heads, T/P, d]`` — ``kv_heads / heads`` of
+the bytes — and each query head meets its K/V head ``h // (heads / kv_heads)`` on arrival.
+
+**Overlap** (``overlap=True``): a double buffer. At each step the rank posts the next exchange
+(:meth:`tinytf.collectives.Comm.post_exchange`: send the block it holds, receive into the spare buffer),
+folds in the block it holds *while* the transfer runs, and only then waits. The buffer just sent
+becomes the spare of the next step; the rank's own ``k``, ``v`` (kept for the backward) are never
+received into. The result is the same to the bit as the blocking ring's.
 """
 
 from __future__ import annotations
@@ -27,9 +37,11 @@ from torch.autograd.function import once_differentiable
 
 from .attention import check_qkv
 from .collectives import Comm
+from .config import check_kv_heads
 from .tiled import online_softmax_finish, online_softmax_update
 
-__all__ = ["Layout", "RingStats", "contiguous_layout", "zigzag_layout", "shard_sequence", "unshard_sequence", "ring_attention"]
+__all__ = ["Layout", "RingStats", "contiguous_layout", "zigzag_layout", "shard_sequence", "unshard_sequence", "ring_attention",
+           "causal_scores"]
 
 Tensor = torch.Tensor
 Layout = list[list[tuple[int, int]]]  # layout[rank] = [(start, stop), ...] global positions held by that rank
@@ -39,12 +51,15 @@ NEG_INF = float("-inf")
 @dataclass
 class RingStats:
     """One rank's work: steps, score tiles computed and skipped (wholly in the future), the score
-    elements computed per batch and head, and the largest score tile ``[rows, cols]`` it held."""
+    elements computed per batch and head (whole tiles, as this ring computes them), the elements among
+    them that the causal mask allows (what a finely tiled kernel would compute), and the largest score
+    tile ``[rows, cols]`` it held."""
 
     steps: int = 0
     tiles: int = 0
     skipped: int = 0
     score_elements: int = 0
+    allowed_elements: int = 0
     largest_tile: tuple[int, int] = (0, 0)
 
 
@@ -62,6 +77,12 @@ def zigzag_layout(t: int, world: int) -> Layout:
         raise ValueError(f"T={t} does not split into 2P={2 * world} equal chunks; pad T to a multiple of {2 * world}")
     n = t // (2 * world)
     return [[(r * n, (r + 1) * n), ((2 * world - 1 - r) * n, (2 * world - r) * n)] for r in range(world)]
+
+
+def causal_scores(layout: Layout) -> list[int]:
+    """Per rank, the causal scores its queries may compute (per batch and head): query ``i`` sees ``i + 1`` keys.
+    What a finely tiled kernel computes; the ring here computes whole diagonal tiles (:class:`RingStats`)."""
+    return [sum((b * (b + 1) - a * (a + 1)) // 2 for a, b in chunks) for chunks in layout]
 
 
 def shard_sequence(x: Tensor, chunks: list[tuple[int, int]], dim: int = -2) -> Tensor:
@@ -109,6 +130,7 @@ def _tiles(q_chunks, k_chunks, is_causal: bool, device, stats: RingStats | None)
             if stats is not None:
                 stats.tiles += 1
                 stats.score_elements += (qb - qa) * (kb - ka)
+                stats.allowed_elements += (qb - qa) * (kb - ka) if allowed is None else int(allowed.sum())
                 if (qb - qa) * (kb - ka) > math.prod(stats.largest_tile):
                     stats.largest_tile = (qb - qa, kb - ka)
             yield i, slice(qa, qb), slice(ka, kb), allowed
@@ -119,53 +141,83 @@ def _scores(q_i: Tensor, k_j: Tensor, allowed: Tensor | None) -> Tensor:
     return s if allowed is None else s.masked_fill(~allowed, NEG_INF)
 
 
-def _forward(q, k, v, is_causal, scale, layout, comm, stats):
+def _by_group(t: Tensor, kv_heads: int) -> Tensor:
+    """``[B, H, T, x] -> [B, kv, H/kv, T, x]``: query heads grouped under the K/V head they read."""
+    return t.unflatten(-3, (kv_heads, t.size(-3) // kv_heads))
+
+
+def _spare(held: list[Tensor], first: bool) -> list[Tensor] | None:
+    """After a step, the buffer just sent may receive the step after next — unless it is the rank's own
+    ``k``, ``v`` (autograd keeps them for the backward)."""
+    return None if first else held
+
+
+def _forward(q, k, v, is_causal, scale, layout, comm, stats, overlap):
     """The ring forward: P steps of (fold the K/V block held, pass it on); returns out, lse."""
-    rank, world = comm.rank, comm.world
+    rank, world, kv = comm.rank, comm.world, k.size(-3)
+    qs = _by_group(q * scale, kv)  # [B, kv, g, Tl, d]
     q_ranges = _local_ranges(layout[rank])
-    state = [(q.new_full((*q.shape[:-2], b - a, 1), NEG_INF), q.new_zeros((*q.shape[:-2], b - a, 1)),
-              q.new_zeros((*q.shape[:-2], b - a, v.size(-1)))) for a, b, _, _ in q_ranges]
-    qs = q * scale
+    state = [(qs.new_full((*qs.shape[:-2], b - a, 1), NEG_INF), qs.new_zeros((*qs.shape[:-2], b - a, 1)),
+              qs.new_zeros((*qs.shape[:-2], b - a, v.size(-1)))) for a, b, _, _ in q_ranges]
+    held, spare = [k, v], None
     for step in range(world):
-        src = (rank - step) % world
+        last, src = step == world - 1, (rank - step) % world
+        pending = None
+        if overlap and not last:  # the next block travels while this one is folded in
+            spare = spare or [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v)]
+            pending = comm.post_exchange(held, spare)
+        k_j, v_j = (t.unsqueeze(-3) for t in held)  # [B, kv, 1, Tl, d]: shared by the g query heads
         for i, rows, cols, allowed in _tiles(layout[rank], layout[src], is_causal, q.device, stats):
-            state[i] = online_softmax_update(*state[i], _scores(qs[..., rows, :], k[..., cols, :], allowed), v[..., cols, :])
+            state[i] = online_softmax_update(*state[i], _scores(qs[..., rows, :], k_j[..., cols, :], allowed), v_j[..., cols, :])
         if stats is not None:
             stats.steps += 1
-        if step < world - 1:
-            k, v = comm.exchange([k, v])
+        if not last:
+            arrived = pending.wait() if pending else comm.exchange(held)
+            spare, held = _spare(held, step == 0), arrived
     outs, lses = zip(*(online_softmax_finish(*s) for s in state))
-    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+    return torch.cat(outs, dim=-2).flatten(-4, -3), torch.cat(lses, dim=-1).flatten(-3, -2)
 
 
-def _backward(q, k, v, out, lse, d_out, is_causal, scale, layout, comm):
+def _backward(q, k, v, out, lse, d_out, is_causal, scale, layout, comm, overlap):
     """Recompute each tile's weights from lse; dK, dV travel with their block and come home at the end."""
-    rank, world = comm.rank, comm.world
+    rank, world, kv = comm.rank, comm.world, k.size(-3)
+    qs, d_out, out = _by_group(q * scale, kv), _by_group(d_out, kv), _by_group(out, kv)  # [B, kv, g, Tl, ·]
     delta = (d_out * out).sum(-1, keepdim=True)  # D = rowsum(dO ∘ O) [..., Tl, 1]
-    lse = lse.masked_fill(lse == NEG_INF, float("inf")).unsqueeze(-1)  # rows that saw nothing: P = 0
-    qs, d_q = q * scale, torch.zeros_like(q)
-    d_k, d_v = torch.zeros_like(k), torch.zeros_like(v)
+    lse = _by_group(lse.unsqueeze(-1), kv)
+    lse = lse.masked_fill(lse == NEG_INF, float("inf"))  # rows that saw nothing: P = 0
+    d_q, d_k, d_v = torch.zeros_like(qs), torch.zeros_like(k), torch.zeros_like(v)
+    spare = None
     for step in range(world):
-        src = (rank - step) % world
+        last, src = step == world - 1, (rank - step) % world
+        pending = None
+        if overlap and not last:  # K, V of the next step travel meanwhile; dK, dV only once this step added to them
+            spare = spare or [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v)]
+            pending = comm.post_exchange([k, v], spare, "backward")
+        k_j, v_j = k.unsqueeze(-3), v.unsqueeze(-3)
         for _, rows, cols, allowed in _tiles(layout[rank], layout[src], is_causal, q.device, None):
-            p = (_scores(qs[..., rows, :], k[..., cols, :], allowed) - lse[..., rows, :]).exp()
-            d_v[..., cols, :] += p.transpose(-2, -1) @ d_out[..., rows, :]
-            d_s = p * (d_out[..., rows, :] @ v[..., cols, :].transpose(-2, -1) - delta[..., rows, :])
-            d_q[..., rows, :] += d_s @ k[..., cols, :]
-            d_k[..., cols, :] += d_s.transpose(-2, -1) @ qs[..., rows, :]
-        if step < world - 1:
+            p = (_scores(qs[..., rows, :], k_j[..., cols, :], allowed) - lse[..., rows, :]).exp()  # [B, kv, g, tq, tk]
+            d_v[..., cols, :] += (p.transpose(-2, -1) @ d_out[..., rows, :]).sum(-3)  # summed over the group's query heads
+            d_s = p * (d_out[..., rows, :] @ v_j[..., cols, :].transpose(-2, -1) - delta[..., rows, :])
+            d_q[..., rows, :] += d_s @ k_j[..., cols, :]
+            d_k[..., cols, :] += (d_s.transpose(-2, -1) @ qs[..., rows, :]).sum(-3)
+        if last:
+            if world > 1:
+                d_k, d_v = comm.exchange([d_k, d_v], "backward")  # the last hop: home to the block's owner
+        elif pending:
+            arrived = pending.wait()
+            d_k, d_v = comm.exchange([d_k, d_v], "backward")
+            spare, (k, v) = _spare([k, v], step == 0), arrived
+        else:
             k, v, d_k, d_v = comm.exchange([k, v, d_k, d_v], "backward")
-        elif world > 1:
-            d_k, d_v = comm.exchange([d_k, d_v], "backward")  # the last hop: home to the block's owner
-    return d_q * scale, d_k, d_v
+    return (d_q * scale).flatten(-4, -3), d_k, d_v
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, layout, comm, stats):
-        out, lse = _forward(q, k, v, is_causal, scale, layout, comm, stats)
+    def forward(ctx, q, k, v, is_causal, scale, layout, comm, stats, overlap):
+        out, lse = _forward(q, k, v, is_causal, scale, layout, comm, stats, overlap)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.config = (is_causal, scale, layout, comm)
+        ctx.config = (is_causal, scale, layout, comm, overlap)
         return out
 
     @staticmethod
@@ -173,24 +225,28 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
         d_q, d_k, d_v = _backward(q, k, v, out, lse, d_out.contiguous(), *ctx.config)
-        return d_q, d_k, d_v, None, None, None, None, None
+        return d_q, d_k, d_v, None, None, None, None, None, None
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, layout: Layout, comm: Comm, is_causal: bool = False,
-                   scale: float | None = None, stats: RingStats | None = None) -> Tensor:
+                   scale: float | None = None, stats: RingStats | None = None, overlap: bool = False) -> Tensor:
     """Attention of this rank's queries over the whole sequence, K/V blocks passed around the ring.
 
     Args:
-        q, k, v: this rank's blocks ``[B, H, T_local, d]`` (the positions ``layout[rank]``, in order).
+        q: this rank's queries ``[B, H, T_local, d]`` (the positions ``layout[rank]``, in order).
+        k, v: this rank's keys and values ``[B, kv_heads, T_local, d]``; ``kv_heads`` divides ``H``
+            (grouped-query: the ring then sends the narrow blocks).
         layout: every rank's global positions (:func:`contiguous_layout`, :func:`zigzag_layout`).
         comm: the ring (:class:`tinytf.collectives.Comm`); its traffic counts the bytes sent.
         is_causal: query at global position ``p`` sees keys at positions ``<= p``.
         stats: a :class:`RingStats` to fill with this rank's work.
+        overlap: post each step's transfer before computing with the block held (a double buffer),
+            and wait for it after; the same result as the blocking ring.
 
     Returns:
         ``out [B, H, T_local, d]``: the rows of full attention at this rank's positions. Differentiable.
     """
-    check_qkv(q, k, v)
+    _check_heads(q, k, v)
     if len(layout) != comm.world:
         raise ValueError(f"layout has {len(layout)} ranks but the group has P={comm.world}")
     sizes = [sum(b - a for a, b in chunks) for chunks in layout]
@@ -203,4 +259,12 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, layout: Layout, comm: Com
             f" = {layout[comm.rank]}; cut them with shard_sequence(x, layout[rank])"
         )
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    return _RingAttention.apply(q, k, v, is_causal, scale, layout, comm, stats)
+    return _RingAttention.apply(q, k, v, is_causal, scale, layout, comm, stats, overlap)
+
+
+def _check_heads(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """q ``[B, H, T, d]``, k and v ``[B, kv_heads, T, d]`` with ``kv_heads`` dividing ``H``."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"ring attention takes [B, H, T_local, d] blocks, got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
+    check_kv_heads(q.size(1), k.size(1))
+    check_qkv(q[:, : k.size(1)], k, v)

@@ -10,7 +10,7 @@ the message says which inputs show it.
 
 ``Finding.pitfall`` is a :class:`Pitfall` from the catalog (:mod:`tinytf.checks.catalog`), the one
 place that names, teaches and fixes each mistake; ``int(pitfall)`` is its number: 1-14 in chapter 08,
-15-18 in chapter 10, 19-20 in chapter 11, 21-25 in chapter 12, 40-44 in chapter 14 (``Pitfall.GENERAL`` = 0:
+15-18 in chapter 10, 19-20 in chapter 11, 21-29 in chapter 12, 40-44 in chapter 14 (``Pitfall.GENERAL`` = 0:
 the code raised, returned the wrong type, changed its inputs, ...). ``glance_table()`` is chapter 08's table of its
 fourteen (``chapter="10"``: tiled attention's, ``chapter="11"``: grouped-query attention's and the sliding window's,
 ``chapter="14"``: half precision's); ``catalog_markdown()`` is every chapter's table, one heading each.
@@ -26,7 +26,9 @@ half-written function (``raise NotImplementedError``) is diagnosed, not crashed 
 Layout: ``catalog`` (the pitfalls), ``findings`` (Finding, report), ``probe`` (shared probe helpers),
 ``attention`` + ``attention_refs``, ``masks`` (causal masks), ``block``, ``loss``, ``tiled`` (online softmax,
 tiled and causal-tiled attention), ``grouped`` (K/V head sharing), ``window`` (sliding-window masks),
-``parallel`` (attention split across processes), ``precision`` (half precision, masks, loss scaling, compiled timings).
+``parallel`` (attention split across processes), ``context`` (Ulysses, the overlapped ring, sequence
+parallelism's replicated gradients, grouped-query K/V on the ring), ``precision`` (half precision, masks, loss
+scaling, compiled timings).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 from .attention import diagnose_attention
 from .block import diagnose_block
 from .catalog import CATALOG, PITFALLS, Entry, Pitfall, catalog_markdown, chapters_with_pitfalls, glance_table
+from .context import diagnose_overlapped_ring, diagnose_replicated_grads, diagnose_ring_traffic, diagnose_ulysses
 from .findings import Finding, found, report
 from .grouped import diagnose_expand_kv, diagnose_kv_grouping
 from .loss import diagnose_lm_loss
@@ -73,4 +76,8 @@ __all__ = [
     "diagnose_masked_rows",
     "diagnose_grad_underflow",
     "diagnose_timings",
+    "diagnose_ulysses",
+    "diagnose_overlapped_ring",
+    "diagnose_replicated_grads",
+    "diagnose_ring_traffic",
 ]

@@ -4,7 +4,7 @@ Chapter 08's "at a glance" table, every ``diagnose_*`` finding, ``tinytf validat
 exercises' feedback read from here. Refer to a pitfall by name (``Pitfall.SCALE``), never by a
 bare number; the numbers are the article's list (chapter 08's sections, 1-14), kept for readers, then
 chapter 10's tiled-attention pitfalls (15-18), chapter 11's smaller-KV-cache pitfalls (19-20), chapter 12's
-pitfalls of attention split across processes (21-25) and chapter 14's of half precision, loss scaling and
+pitfalls of attention split across processes (21-29) and chapter 14's of half precision, loss scaling and
 compiled timings (40-44).
 ``glance_table()`` lists one chapter's pitfalls (chapter 08's fourteen by default); ``catalog_markdown()`` every
 chapter's, under a heading each (the book's pitfall page; chapter 08 lists the later chapters' with it).
@@ -23,7 +23,7 @@ __all__ = ["Pitfall", "Entry", "CATALOG", "PITFALLS", "glance_table", "chapters_
 
 class Pitfall(IntEnum):
     """A classic mistake; ``int(p)`` is its number: 1-14 in chapter 08, 15-18 in chapter 10 (tiled attention),
-    19-20 in chapter 11 (smaller KV caches), 21-25 in chapter 12 (attention across processes), 40-44 in chapter 14
+    19-20 in chapter 11 (smaller KV caches), 21-29 in chapter 12 (attention across processes), 40-44 in chapter 14
     (precision and profiling), 0 = a general problem that is none of them."""
 
     GENERAL = 0
@@ -52,6 +52,10 @@ class Pitfall(IntEnum):
     BIAS_BEFORE_ALL_REDUCE = 23
     RING_LOCAL_OFFSET = 24
     DROPOUT_RNG_UNSYNCED = 25
+    ULYSSES_AXES_SWAPPED = 26
+    RING_BUFFER_REUSED = 27
+    SP_GRADS_NOT_REDUCED = 28
+    KV_EXPANDED_BEFORE_RING = 29
     UNSCALED_HALF_SCORES = 40
     HALF_SOFTMAX_NO_MAX = 41
     EMPTY_ROW_INF_MASK = 42
@@ -195,7 +199,7 @@ CATALOG: dict[Pitfall, Entry] = {
         N_("the query at position `p` sees keys `p - window + 1 … p`: `causal_mask(t_q, t_k, window=window)`")),
     Pitfall.FORGOTTEN_ALL_REDUCE: Entry(
         N_("the forgotten all-reduce: each rank holds a partial sum"), "row-parallel output used without its all-reduce",
-        _P + "6. What breaks", N_("the ranks' outputs differ from each other and from one process; their sum is right"),
+        _P + "10. What breaks", N_("the ranks' outputs differ from each other and from one process; their sum is right"),
         "`diagnose_row_parallel`", N_("all-reduce the row-parallel partial sums (`reduce_from_parallel`), then add the bias")),
     Pitfall.QKV_SPLIT_ONE_PIECE: Entry(
         N_("the fused QKV weight split in one piece"), "`qkv.weight.chunk(P)[r]` instead of per Q/K/V and per head",
@@ -203,15 +207,15 @@ CATALOG: dict[Pitfall, Entry] = {
         "`diagnose_qkv_split`", N_("take rank r's heads from each of W_q, W_k and W_v: `shard_qkv(weight, r, P, heads, kv_heads)`")),
     Pitfall.BIAS_BEFORE_ALL_REDUCE: Entry(
         N_("the output-projection bias added on every rank before the all-reduce"), "row-parallel bias added before the sum",
-        _P + "6. What breaks", N_("the output is off by exactly (P - 1) · bias on every rank"), "`diagnose_row_parallel`",
+        _P + "10. What breaks", N_("the output is off by exactly (P - 1) · bias on every rank"), "`diagnose_row_parallel`",
         N_("add the row-parallel bias once, after the all-reduce")),
     Pitfall.RING_LOCAL_OFFSET: Entry(
         N_("ring attention without the global causal offset"), "each arriving K/V block masked as if it started at 0",
-        _P + "4. Ring attention", N_("rank 0 sees the future, later ranks lose half of their past"), "`diagnose_ring_attention`",
+        _P + "5. Ring attention", N_("rank 0 sees the future, later ranks lose half of their past"), "`diagnose_ring_attention`",
         N_("mask with global positions: key j is seen by query i iff position(j) <= position(i)")),
     Pitfall.DROPOUT_RNG_UNSYNCED: Entry(
         N_("dropout with unsynchronised RNG across tensor-parallel ranks"), "residual dropout seeded differently per rank",
-        _P + "6. What breaks", N_("activations that every rank should hold identically drift apart"), "`diagnose_replicated`",
+        _P + "10. What breaks", N_("activations that every rank should hold identically drift apart"), "`diagnose_replicated`",
         N_("seed the RNG identically on the tensor-parallel ranks for dropout on replicated tensors")),
     Pitfall.UNSCALED_HALF_SCORES: Entry(
         N_("fp16 scores overflow: 1/sqrt(d) applied after q @ kᵀ, or not at all"), "fp16 `q @ kᵀ` before its `1/sqrt(d)`",
@@ -233,6 +237,25 @@ CATALOG: dict[Pitfall, Entry] = {
         N_("timing a compiled model including its first call"), "the compile timed as a call", _H + "8. torch.compile, measured",
         N_("first call seconds, the others milliseconds; the mean is mostly compile time"), "`diagnose_timings`",
         N_("warm up before timing (`tinytf.benchmark(warmup=...)`) and report the compile time apart")),
+    Pitfall.ULYSSES_AXES_SWAPPED: Entry(
+        N_("Ulysses' all-to-all with the sequence and head axes swapped"), "received chunks laid along the heads, not the sequence",
+        _P + "7. Ulysses", N_("right shapes, wrong rows: each rank's positions attend only to their own block"), "`diagnose_ulysses`",
+        N_("split dim 1 (the heads) into P chunks to send, and join the received chunks along dim 2 (the sequence) in rank order; "
+           "the output goes back the inverse way")),
+    Pitfall.RING_BUFFER_REUSED: Entry(
+        N_("a ring buffer reused before its wait"), "receive into the block being computed or sent, or read it before `wait()`",
+        _P + "9. Hiding the ring's transfers", N_("right or wrong depending on when the data arrives"), "`diagnose_overlapped_ring`",
+        N_("two buffers: compute with one while the other receives; swap them only after `wait()`; never receive into k, v kept "
+           "for the backward")),
+    Pitfall.SP_GRADS_NOT_REDUCED: Entry(
+        N_("LayerNorm gradients not all-reduced under sequence parallelism"), "replicated weights' gradients left partial",
+        _P + "3. Sequence parallelism", N_("exact forward; each rank's LayerNorm and bias gradients cover its positions only, and "
+                                           "the copies drift apart after a step"), "`diagnose_replicated_grads`",
+        N_("all-reduce the gradients of the parameters every rank holds whole (`reduce_replicated_grads`) before the step")),
+    Pitfall.KV_EXPANDED_BEFORE_RING: Entry(
+        N_("K/V heads expanded before the ring"), "`repeat_kv` before `ring_attention`",
+        _P + "6. Grouped-query K/V", N_("exact results, heads / kv_heads times the bytes"), "`diagnose_ring_traffic`",
+        N_("pass the narrow k, v [B, kv_heads, T/P, d] to the ring: each query head meets its K/V head on arrival")),
 }
 
 # number -> title, for code that still holds a plain int (e.g. findings read back from JSON)

@@ -1,13 +1,16 @@
-"""Exercise 11 — attention across processes: the QKV split, the row-parallel projection, ring attention's merge.
+"""Exercise 11 — attention across processes: the QKV split, the row-parallel projection, ring attention's merge,
+Ulysses' all-to-all.
 
 Student code: ``split_qkv(weight, rank, world, heads, kv_heads)`` (part A), ``row_parallel(x, weight, bias,
-comm)`` (part B) and ``merge_block(m, l, acc, q, k, v, q_start, k_start)`` (part C). Each visible check runs
+comm)`` (part B), ``merge_block(m, l, acc, q, k, v, q_start, k_start)`` (part C) and ``seq_to_heads(x, comm)``
+(part D). Each visible check runs
 a real 2-process gloo job (:func:`tinytf.course.reference.ex11_ranks.on_processes`, the student's function
 shipped by value to the spawned processes). The hidden tests call the probes below — fresh shapes, ``P = 2``
 and ``P = 4`` ranks simulated in one process (:func:`~tinytf.course.reference.ex11_ranks.on_threads`) — and
 hand every rank's result to the judge, in the notebook and again in the grader's clean process. The judges
 compare with tinytf (:func:`tinytf.shard_qkv`, one process's linear layer, full causal attention) and name
-chapter 12's pitfalls through :mod:`tinytf.checks.parallel`.
+chapter 12's pitfalls through :mod:`tinytf.checks.parallel` (and, for part D, by comparing with the attention an
+all-to-all with the sequence and head axes swapped produces).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tinytf.checks import Finding, Pitfall
+from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext as _
 from . import Probe, call_student, judge_findings, stub_or
@@ -27,7 +30,8 @@ from .ex11_ranks import on_threads
 from .judging import judge
 from .validators import float_inputs, tensor
 
-__all__ = ["reference_split_qkv", "reference_row_parallel", "reference_merge_block", "diagnose", "PROBES", "WORLDS"]
+__all__ = ["reference_split_qkv", "reference_row_parallel", "reference_merge_block", "reference_seq_to_heads", "diagnose", "PROBES",
+           "WORLDS"]
 
 WORLDS = (2, 4)  # the hidden tests' numbers of ranks
 
@@ -54,6 +58,46 @@ def reference_merge_block(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, q
     pos_q = torch.arange(q.size(-2), device=q.device)[:, None] + q_start
     pos_k = torch.arange(k.size(-2), device=q.device)[None, :] + k_start
     return online_softmax_update(m, l, acc, scores.masked_fill(pos_k > pos_q, float("-inf")), v)
+
+
+def reference_seq_to_heads(x: torch.Tensor, comm: Any) -> torch.Tensor:
+    """``[B, H, n, d]`` (this rank's positions) -> ``[B, H/P, P·n, d]``: one all-to-all (:func:`tinytf.ulysses.seq_to_heads`)."""
+    from tinytf.ulysses import seq_to_heads
+
+    return seq_to_heads(x, comm)
+
+
+def _head_group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(right, swapped)`` for rank ``rank``: causal attention of its head group over every position ``[B, H/P, T, d]``,
+    and what an all-to-all that lays the received blocks along the heads gives: each rank's block of positions
+    attending only to itself, ``[B, P·H/P, T/P, d]`` (source rank outer, head inner)."""
+    h, n = q.size(1) // world, q.size(-2) // world
+    group = [z[:, rank * h:(rank + 1) * h] for z in (q, k, v)]
+    right = F.scaled_dot_product_attention(*group, is_causal=True)
+    swapped = torch.cat([F.scaled_dot_product_attention(*(z[..., i * n:(i + 1) * n, :] for z in group), is_causal=True)
+                         for i in range(world)], dim=1)
+    return right, swapped
+
+
+def _ulysses_problem(outs: list[Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, where: str) -> Finding | None:
+    """The finding for rank outputs of the Ulysses job: ``None`` when every rank holds its head group's causal attention."""
+    world = len(outs)
+    for r, got in enumerate(outs):
+        right, swapped = _head_group(q, k, v, world, r)
+        if isinstance(got, torch.Tensor) and got.shape == right.shape and torch.allclose(got.float(), right, atol=1e-5):
+            continue
+        if isinstance(got, torch.Tensor) and got.shape == swapped.shape and torch.allclose(got.float(), swapped, atol=1e-5):
+            return found(Pitfall.ULYSSES_AXES_SWAPPED, _("the received chunks were laid along the heads"),
+                         _("rank {r} returned {shape} instead of [B, H/P, T, d] = {want}: every block of positions attended only to "
+                           "itself, the blocks side by side as if they were heads.").format(r=r, shape=list(got.shape),
+                                                                                          want=list(right.shape)), where=where)
+        shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        return Finding(Pitfall.GENERAL, _("not this rank's head group over every position"),
+                       _("{where}: rank {r} returned {shape}; expected {want}, causal attention of heads {first}…{last} over all "
+                         "{t} positions in order.").format(where=where, r=r, shape=shape, want=list(right.shape),
+                                                           first=r * q.size(1) // world, last=(r + 1) * q.size(1) // world - 1,
+                                                           t=q.size(-2)))
+    return None
 
 
 def _per_world(value: Any, what: str) -> dict[str, list]:
@@ -124,6 +168,18 @@ def _judge_ring(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
                _("causal ring attention with your merge_block on P={p} ranks (q {q_shape})").format(p=p, q_shape=list(q.shape)))
 
 
+@judge("ex11_ulysses")
+def _judge_ulysses(value: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    q, k, v = float_inputs(q, k, v)
+    value = _per_world(value, "seq_to_heads")
+    for p in WORLDS:
+        where = _("causal attention after your seq_to_heads on P={p} ranks (q {q_shape})").format(p=p, q_shape=list(q.shape))
+        problem = _ulysses_problem(value[f"P{p}"], q, k, v, where)
+        if problem is not None:
+            name = problem.pitfall.label() if problem.pitfall is not Pitfall.GENERAL else problem.title
+            raise AssertionError(f"{name} — {problem.message}")
+
+
 # ---- probes: the judges' inputs, drawn afresh (by the hidden tests and by the self-check) ---------
 
 
@@ -155,7 +211,15 @@ def _probe_ring(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str
     return value, {"q": q, "k": k, "v": v}
 
 
-PROBES: dict[str, Probe] = {"ex11_split": _probe_split, "ex11_row": _probe_row, "ex11_ring": _probe_ring}
+def _probe_ulysses(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    b, h, t, d = _size(gen, 1, 3), 4 * _size(gen, 1, 3), 4 * _size(gen, 1, 4), _size(gen, 2, 6)  # H and T divisible by 4
+    q, k, v = (torch.randn(b, h, t, d, generator=gen) for _ in range(3))
+    value = {f"P{p}": on_threads("ulysses", ns["seq_to_heads"], p, q, k, v) for p in WORLDS}
+    return value, {"q": q, "k": k, "v": v}
+
+
+PROBES: dict[str, Probe] = {"ex11_split": _probe_split, "ex11_row": _probe_row, "ex11_ring": _probe_ring,
+                            "ex11_ulysses": _probe_ulysses}
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -184,6 +248,16 @@ def _diagnose_ring(fn: Any) -> list[Finding]:
     return diagnose_ring_attention(outs, q, k, v, contiguous_layout(8, 2))
 
 
+def _diagnose_ulysses(fn: Any) -> list[Finding]:
+    gen = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(1, 4, 8, 3, generator=gen) for _ in range(3))
+    outs, err = call_student("seq_to_heads", on_threads, "ulysses", fn, 2, q, k, v)
+    if err is not None:
+        return [err]
+    problem = _ulysses_problem(outs, q, k, v, _("on 2 simulated ranks, q {shape}").format(shape=list(q.shape)))
+    return [] if problem is None else [problem]
+
+
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     """Findings about the student's ex11 code in ``namespace`` (empty when all looks right); never raises."""
     from tinytf.checks import diagnose_qkv_split
@@ -191,5 +265,6 @@ def diagnose(namespace: dict[str, Any]) -> list[Finding]:
     findings, covered = named_findings(namespace, [
         ("split_qkv", "ex11_split", lambda fn: stub_or("split_qkv", diagnose_qkv_split(fn))),
         ("row_parallel", "ex11_row", _diagnose_row),
-        ("merge_block", "ex11_ring", _diagnose_ring)])
+        ("merge_block", "ex11_ring", _diagnose_ring),
+        ("seq_to_heads", "ex11_ulysses", _diagnose_ulysses)])
     return findings + judge_findings(namespace, PROBES, covered=covered)

@@ -9,12 +9,13 @@ and the globals it names — modules by name, the notebook's own helper function
 plain picklable values as they are — and :func:`unship` rebuilds it in the child. No source text is
 needed, so it works in a kernel, under nbgrader and in a plain ``exec`` alike.
 
-Three jobs (``JOBS``) run on each rank: the tensor-parallel attention with the student's QKV split
-(part A), the student's row-parallel projection (part B), and causal ring attention with the student's
-merge of one K/V block (part C). :func:`on_processes` runs a job on ``P`` real processes (cached per
+Four jobs (``JOBS``) run on each rank: the tensor-parallel attention with the student's QKV split
+(part A), the student's row-parallel projection (part B), causal ring attention with the student's
+merge of one K/V block (part C), and causal attention on the head group the student's Ulysses
+all-to-all delivers (part D). :func:`on_processes` runs a job on ``P`` real processes (cached per
 code and inputs: the self-check that re-runs a visible check does not start the processes again);
 :func:`on_threads` runs it on ``P`` simulated ranks in this process, :class:`ThreadComm` standing in
-for :class:`tinytf.collectives.Comm` (``all_reduce`` and ``exchange``).
+for :class:`tinytf.collectives.Comm` (``all_reduce``, ``exchange`` and ``all_to_all``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 from ...translation import gettext as _
 
 __all__ = ["ship", "unship", "ThreadComm", "on_threads", "on_processes", "JOBS",
-           "attention_job", "row_job", "ring_job", "reference_attention"]
+           "attention_job", "row_job", "ring_job", "ulysses_job", "reference_attention"]
 
 Tensor = torch.Tensor
 
@@ -117,6 +118,13 @@ class ThreadComm:
         """Send ``tensors`` to rank + 1, receive rank - 1's."""
         return [x.clone() for x in self._swap([x.detach().clone() for x in tensors])[(self.rank - 1) % self.world]]
 
+    def all_to_all(self, t: Tensor, phase: str = "forward") -> Tensor:
+        """``t [P, ...]``: chunk ``j`` to rank ``j``; returns ``[P, ...]`` whose chunk ``i`` came from rank ``i``."""
+        if not isinstance(t, Tensor) or t.dim() < 1 or t.size(0) != self.world:
+            raise ValueError(_("all_to_all takes one chunk per rank along dim 0: [{world}, ...], got {shape}").format(
+                world=self.world, shape=list(getattr(t, "shape", [])) or type(t).__name__))
+        return torch.stack([part[self.rank].clone() for part in self._swap(t.detach().clone())])
+
 
 # ---- the jobs: what one rank does (``comm`` real or simulated) -----------------------------------
 
@@ -172,7 +180,21 @@ def ring_job(rank: int, world: int, comm: Any, merge: Callable, q: Tensor, k: Te
     return online_softmax_finish(m, l, acc)[0]
 
 
-JOBS: dict[str, Callable[..., Tensor]] = {"attention": attention_job, "row": row_job, "ring": ring_job}
+def ulysses_job(rank: int, world: int, comm: Any, seq_to_heads: Callable, q: Tensor, k: Tensor, v: Tensor) -> Any:
+    """Causal attention on what the student's ``seq_to_heads`` makes of this rank's positions (a contiguous
+    layout) of ``q, k, v [B, H, T, d]``: ``[B, H/P, T, d]`` when it is right; whatever shape it returns otherwise."""
+    from tinytf.attention import scaled_dot_product_attention
+    from tinytf.ring import contiguous_layout, shard_sequence
+
+    (chunk,) = contiguous_layout(q.size(-2), world)[rank]
+    q_h, k_h, v_h = (seq_to_heads(shard_sequence(z, [chunk]).clone(), comm) for z in (q, k, v))
+    if not all(isinstance(t, Tensor) and t.dim() == 4 for t in (q_h, k_h, v_h)):
+        raise ValueError(_("seq_to_heads must return a 4-D tensor [B, H/P, T, d], got {got}").format(
+            got=getattr(q_h, "shape", type(q_h).__name__)))
+    return scaled_dot_product_attention(q_h, k_h, v_h, is_causal=True)
+
+
+JOBS: dict[str, Callable[..., Tensor]] = {"attention": attention_job, "row": row_job, "ring": ring_job, "ulysses": ulysses_job}
 
 
 # ---- running a job on P ranks -------------------------------------------------------------------

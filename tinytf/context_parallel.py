@@ -1,0 +1,75 @@
+"""Context parallelism for a whole block: every activation split along the sequence, every weight whole.
+
+Rank ``r`` holds positions ``layout[r]`` of ``x``: ``[B, T/P, D]``. The LayerNorms, the QKV and output
+projections and the FFN act on those positions alone (they mix features, not positions); only attention
+needs the other positions, and gets them by the ring (:func:`tinytf.ring_attention`: K/V blocks travel)
+or by Ulysses (:func:`tinytf.ulysses.ulysses_attention`: two all-to-alls trade the sequence split for a
+head split and back). Every rank keeps every weight, so after the backward each rank holds the gradient
+of its positions only: :meth:`ContextParallelBlock.reduce_grads` all-reduces them (phase
+``"weight_grad"``), as data parallelism does — or, with FSDP / ZeRO-3, the weights are sharded too and
+gathered layer by layer.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from .block import TransformerBlock
+from .collectives import Comm
+from .ring import Layout, contiguous_layout, ring_attention
+from .ulysses import ulysses_attention
+
+__all__ = ["ContextParallelBlock", "CONTEXT_ATTENTION"]
+
+Tensor = torch.Tensor
+CONTEXT_ATTENTION = ("ring", "ulysses")
+
+
+class ContextParallelBlock(nn.Module):
+    """A copy of ``block`` that runs on this rank's positions ``layout[rank]`` of the sequence.
+
+    ``forward(x [B, T_local, D]) -> [B, T_local, D]``, causal over global positions. ``attention``: ``"ring"``
+    (any layout; ``overlap=True`` for the double-buffered ring) or ``"ulysses"`` (contiguous layout, heads
+    divisible by ``P``). Parameters have the block's own names (``attn.qkv.weight`` …).
+    """
+
+    def __init__(self, block: TransformerBlock, comm: Comm, layout: Layout | None = None, *, attention: str = "ring",
+                 overlap: bool = False) -> None:
+        super().__init__()
+        if attention not in CONTEXT_ATTENTION:
+            raise ValueError(f"attention must be one of {CONTEXT_ATTENTION}, got {attention!r}")
+        self.block, self.comm, self.attention, self.overlap = copy.deepcopy(block), comm, attention, overlap
+        self.layout = layout
+        if attention == "ulysses" and layout is not None and layout != contiguous_layout(max(b for c in layout for _, b in c), comm.world):
+            raise ValueError(f"Ulysses gathers whole sequences in rank order: it needs the contiguous layout, got {layout}")
+
+    def _mix(self, h: Tensor) -> Tensor:
+        attn = self.block.attn
+        q, k, v = attn.project(h)  # [B, H, T_local, d], [B, kv, T_local, d]: this rank's positions
+        if self.attention == "ring":
+            layout = self.layout or contiguous_layout(h.size(1) * self.comm.world, self.comm.world)
+            out = ring_attention(q, k, v, layout=layout, comm=self.comm, is_causal=True, overlap=self.overlap)
+        else:
+            out = ulysses_attention(q, k, v, comm=self.comm, is_causal=True)
+        return attn.proj(attn.merge_heads(out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x ``[B, T_local, D]`` (this rank's positions) -> ``[B, T_local, D]``."""
+        b = self.block
+        if b.norm_position == "pre":
+            x = x + b.drop(self._mix(b.norm1(x)))
+            return x + b.drop(b.ffn(b.norm2(x)))
+        x = b.norm1(x + b.drop(self._mix(x)))
+        return b.norm2(x + b.drop(b.ffn(x)))
+
+    def reduce_grads(self) -> int:
+        """All-reduce (sum) every parameter's gradient over the ranks, in one flat tensor; returns its elements."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        flat = torch.cat([p.grad.flatten() for p in params])
+        self.comm.all_reduce(flat, "weight_grad")
+        for p, g in zip(params, flat.split([p.numel() for p in params])):
+            p.grad.copy_(g.view_as(p))
+        return flat.numel()
