@@ -1,15 +1,16 @@
 """The student's feedback page of one graded job: :func:`sanitize_for_feedback` makes a copy of the autograded
 notebook safe to show (hidden tests and test-cell tracebacks removed — nbgrader 0.9.6's feedback keeps hidden tests —,
-each test cell showing its status and message, long outputs cut); :func:`feedback_page` writes ``<job>/feedback.html``
-through ``nbgrader generate_feedback`` from it, a summary on top (a plain page when nbgrader cannot render it).
+each test cell showing its points, status and message, long outputs cut); :func:`feedback_page` writes it as
+``<job>/feedback.html`` with nbconvert, the points table on top (a plain page when it cannot be rendered).
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import json
-import shutil
 from pathlib import Path
+from typing import Any
 
 from ..ipynb import cell_source, nbgrader_meta, strip_hidden, write_atomic
 from ..messages import say, status_name, translate
@@ -55,7 +56,7 @@ def _trimmed(outputs: list[dict]) -> list[dict]:
 
 def sanitize_for_feedback(nb: dict, cells: list[CellResult], lang: str = "en") -> dict:
     """A copy safe to show students: hidden tests and test-cell outputs removed, long outputs cut;
-    each test cell shows its status and message in ``lang``."""
+    each test cell shows its points, status and message in ``lang``."""
     nb = json.loads(json.dumps(nb))
     by_id = {c.cell: c for c in cells}
     for cell in nb.get("cells", []):
@@ -67,9 +68,9 @@ def sanitize_for_feedback(nb: dict, cells: list[CellResult], lang: str = "en") -
             continue
         if meta.get("grade_id") in by_id and meta.get("grade") and not meta.get("solution"):  # a test cell
             r = by_id[meta["grade_id"]]
-            status = status_name(r.status, lang)
-            text = f"{status}: {translate(r.message, lang)}" if r.message else status
-            cell["outputs"] = [] if r.status == "ok" else [{"output_type": "stream", "name": "stderr", "text": text + "\n"}]
+            text = f"{r.points:g} / {r.max_points:g} — {status_name(r.status, lang)}"
+            text += f": {translate(r.message, lang)}" if r.message else ""
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout" if r.status == "ok" else "stderr", "text": text + "\n"}]
         else:
             cell["outputs"] = _trimmed(cell.get("outputs", []))
     return nb
@@ -87,43 +88,30 @@ def _summary_cell(ex: str, student: str, cells: list[CellResult], note: str, lan
     return {"cell_type": "markdown", "id": "tinytf-grading-summary", "metadata": {}, "source": text}
 
 
-def _zero_failed(job: Path, ex: str, student: str, name: str, cells: list[CellResult]) -> None:
-    """Our verdict overrides nbgrader's in the job's gradebook, so its feedback page shows our points."""
-    from nbgrader.api import Gradebook
+@functools.cache
+def _exporter() -> Any:
+    """nbconvert's HTML exporter, made once per grading worker (its templates are parsed once, not per page)."""
+    from nbconvert import HTMLExporter
 
-    from ..build.nbgrader_root import COURSE_ID
-
-    with Gradebook(f"sqlite:///{job / 'gradebook.db'}", COURSE_ID) as gb:
-        for c in cells:
-            if c.status not in ("ok", "needs-manual-grade"):
-                try:
-                    g = gb.find_grade(c.cell, Path(name).stem, ex, student)
-                except Exception:  # noqa: BLE001 - a cell nbgrader never saw
-                    continue
-                g.manual_score = 0.0
-        gb.db.commit()
+    return HTMLExporter(template_name="classic")
 
 
 def feedback_page(job: Path, ex: str, student: str, name: str, cells: list[CellResult], note: str, autograded: dict,
                   lang: str = "en") -> Path:
-    """The student's feedback page, in the submission's language ``lang``."""
+    """``<job>/feedback.html``: the graded notebook made safe to show (:func:`sanitize_for_feedback`) as nbconvert's
+    HTML, the points table on top, in the submission's language ``lang`` (a plain table when it cannot be rendered)."""
     out = job / "feedback.html"
-    if not autograded:
-        write_atomic(out, plain_html(ex, student, cells, note, lang))
-        return out
-    nb = sanitize_for_feedback(autograded, cells, lang)
-    nb["cells"].insert(0, _summary_cell(ex, student, cells, note, lang))
-    write_atomic(job / "autograded" / student / ex / name, json.dumps(nb))
-    try:
-        from ..build.nbgrader_root import api
+    if autograded:
+        nb = sanitize_for_feedback(autograded, cells, lang)
+        nb["cells"].insert(0, _summary_cell(ex, student, cells, note, lang))
+        try:
+            import nbformat
 
-        _zero_failed(job, ex, student, name, cells)
-        result = api(job).generate_feedback(ex, student, force=True)
-        html_path = job / "feedback" / student / ex / (Path(name).stem + ".html")
-        if result.get("success") and html_path.exists():
-            shutil.copyfile(html_path, out)
+            node = nbformat.reads(json.dumps(nb), as_version=4)  # sources as one string each, as nbconvert wants them
+            body, _ = _exporter().from_notebook_node(node, resources={"metadata": {"name": f"{ex} — {student}"}})
+            write_atomic(out, body)
             return out
-    except Exception:  # noqa: BLE001 - fall back to the plain page below
-        pass
+        except Exception:  # noqa: BLE001 - a notebook nbconvert cannot render still gets its page, below
+            pass
     write_atomic(out, plain_html(ex, student, cells, note, lang))
     return out
