@@ -214,8 +214,8 @@ def test_old_checkpoints_load_with_the_defaults(tmp_path):
 
 def test_files_from_a_newer_tinytf_are_refused_clearly(tmp_path):
     raw = torch.load(save_checkpoint(tmp_path / "c.pt", TinyLanguageModel(CFG)), weights_only=True)
-    torch.save({**raw, "config": {**raw["config"], "rope_base": 1}}, tmp_path / "field.pt")
-    with pytest.raises(ValueError, match=r"field\.pt holds an invalid model config: unknown ModelConfig field\(s\) \['rope_base'\]"):
+    torch.save({**raw, "config": {**raw["config"], "moe_experts": 8}}, tmp_path / "field.pt")
+    with pytest.raises(ValueError, match=r"field\.pt holds an invalid model config: unknown ModelConfig field\(s\) \['moe_experts'\]"):
         load_checkpoint(tmp_path / "field.pt")
     torch.save({**raw, "version": 99}, tmp_path / "version.pt")
     with pytest.raises(ValueError, match="format version 99.*upgrade tinytf"):

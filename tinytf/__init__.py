@@ -6,6 +6,7 @@ Masks are boolean with **True = may attend** (the convention of
 
 from __future__ import annotations
 
+from .alibi import alibi_bias, alibi_slopes
 from .attention import scaled_dot_product_attention
 from .bench import BenchResult, benchmark, one_thread
 from .block import TransformerBlock
@@ -41,7 +42,7 @@ from .collectives import (
     reduce_scatter_bytes,
 )
 from .config import ModelConfig
-from .convert import to_grouped_query
+from .convert import to_grouped_query, to_half_split
 from .device import describe_device, pick_device, synchronize
 from .generation import cache_for, generate
 from .grouped import repeat_kv
@@ -63,6 +64,8 @@ from .parallel import (
 from .params import count_parameters, parameter_breakdown
 from .ring import RingStats, contiguous_layout, ring_attention, shard_sequence, unshard_sequence, zigzag_layout
 from .rolling import RollingKVCache
+from .rope import RotaryEmbedding, apply_rope, rope_frequencies, rope_tables, rotate_half
+from .sinusoidal import sinusoidal_table
 from .tiled import TileStats, online_softmax_finish, online_softmax_update, tiled_attention
 
 __version__ = "0.1.0"
@@ -79,6 +82,15 @@ __all__ = [
     "CausalSelfAttention",
     "repeat_kv",
     "to_grouped_query",
+    "to_half_split",
+    "RotaryEmbedding",
+    "rope_frequencies",
+    "rope_tables",
+    "rotate_half",
+    "apply_rope",
+    "alibi_slopes",
+    "alibi_bias",
+    "sinusoidal_table",
     "TransformerBlock",
     "ModelConfig",
     "TinyLanguageModel",

@@ -45,7 +45,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, 1, generator=generator)
 
 
-def _check_request(ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None, limit: int) -> None:
+def _check_request(ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None, limit: int | None) -> None:
     """``ValueError`` naming the problem with a :func:`generate` call (its prompt, sizes or sampling)."""
     if ids.dim() != 2:
         raise ValueError(f"generate expects ids [B, T], got shape {list(ids.shape)} (add a batch axis with ids[None])")
@@ -57,7 +57,7 @@ def _check_request(ids: torch.Tensor, max_new_tokens: int, temperature: float, t
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if ids.size(1) > limit:
+    if limit is not None and ids.size(1) > limit:
         raise ValueError(f"the prompt has {ids.size(1)} tokens but max_tokens={limit}; keep its last {limit} tokens")
 
 
@@ -76,20 +76,23 @@ def generate(
     ``use_cache=True``: one prefill over the prompt, then one decode step per token that computes
     q/k/v for the new token only. ``use_cache=False``: recompute the whole prefix every step (the
     slow reference). ``temperature=0`` is greedy; ``top_k`` keeps the k most likely tokens.
-    Generation stops at the model's ``max_tokens`` with a warning that says so. A model with a
-    sliding window (``config.window``) decodes with a :class:`tinytf.RollingKVCache`: its memory
-    stays at ``window`` tokens, but the learned position table still has ``max_tokens`` rows, so the
-    same limit holds (a model with relative positions, such as RoPE, would not have it).
+    With learned positions generation stops at the model's ``max_tokens`` (the rows of its position
+    table) with a warning that says so. Other positions (sinusoidal, RoPE, ALiBi, none) have no such
+    row limit: ``max_tokens`` is then the length the model was trained on, not a bound. A model with a
+    sliding window (``config.window``) decodes with a :class:`tinytf.RollingKVCache`, whose memory
+    stays at ``window`` tokens however long the generation runs; with RoPE or ALiBi it can generate
+    past ``max_tokens`` with flat memory.
     """
-    limit, window = model.config.max_tokens, model.config.window
+    window = model.config.window
+    limit = model.config.max_tokens if model.config.positions == "learned" else None
     _check_request(ids, max_new_tokens, temperature, top_k, limit)
-    n = min(max_new_tokens, limit - ids.size(1))
+    n = max_new_tokens if limit is None else min(max_new_tokens, limit - ids.size(1))
     if n < max_new_tokens:
         warnings.warn(
             f"generate: stopping after {n} new tokens instead of {max_new_tokens}: the prompt "
             f"({ids.size(1)}) plus new tokens reach the model's max_tokens={limit}"
             + (f" (the rolling cache bounds memory to window={window} tokens, not positions: the learned position "
-               f"table has {limit} rows)." if window is not None else "."),
+               f"table has {limit} rows; positions='rope' or 'alibi' have no such limit)." if window is not None else "."),
             stacklevel=2,
         )
     was_training = model.training
