@@ -237,3 +237,24 @@ def test_a_scheduler_that_does_not_fit_touches_nothing(tmp_path):
     with pytest.raises(ValueError, match="the saved scheduler has 1 base_lrs, yours has 2"):
         load_checkpoint(path, model=target, optimizer=one_group, scheduler=two)
     assert _unchanged(target, t_opt, snap)
+
+
+def test_the_position_choice_travels_with_the_weights_and_old_files_load_as_learned(tmp_path):
+    torch.manual_seed(9)
+    cfg = ModelConfig(vocab=20, dim=16, heads=2, layers=1, max_tokens=8, positions="rope", rotary_dim=4, rope_layout="interleaved",
+                      rope_scaling="yarn", rope_factor=2.0)
+    model = TinyLanguageModel(cfg).eval()
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "rope.pt", model)).model.eval()
+    ids = torch.randint(0, 20, (2, 12))  # past max_tokens: RoPE has no table
+    assert loaded.config == cfg
+    torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
+    alibi = TinyLanguageModel(vocab=20, dim=16, heads=2, layers=1, max_tokens=8, positions="alibi")
+    assert load_checkpoint(save_checkpoint(tmp_path / "alibi.pt", alibi)).config.positions == "alibi"
+    old = TinyLanguageModel(vocab=20, dim=16, heads=2, layers=1, max_tokens=8)
+    legacy = {k: v for k, v in old.config.to_dict().items() if k not in ("positions", "rope_base", "rotary_dim", "rope_layout",
+                                                                         "rope_scaling", "rope_factor")}
+    torch.save({"config": legacy, "model": old.state_dict()}, tmp_path / "old.pt")  # written before positions existed
+    back = load_checkpoint(tmp_path / "old.pt")
+    assert back.config.positions == "learned" and "position.weight" in back.model.state_dict()
+    with pytest.raises(ValueError, match="positions: checkpoint 'rope', model 'learned'"):
+        load_checkpoint(tmp_path / "rope.pt", model=TinyLanguageModel(vocab=20, dim=16, heads=2, layers=1, max_tokens=8))

@@ -144,3 +144,31 @@ def test_config_kv_heads_defaults_and_canonical_form(tmp_path):
     assert loaded.config.kv_heads == 2
     ids = torch.randint(0, 20, (2, 8))
     torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"positions": "rotary"}, r"positions must be one of \('learned', 'sinusoidal', 'rope', 'alibi', 'none'\)"),
+        ({"positions": "rope", "dim": 30, "heads": 2}, r"rotary_dim must be even.*d_head itself is odd: change dim or heads"),
+        ({"positions": "rope", "rotary_dim": 12}, r"at most d_head = dim / heads = 8, got rotary_dim=12"),
+        ({"positions": "rope", "rotary_dim": 5}, r"Choose an even rotary_dim <= 8"),
+        ({"positions": "rope", "rope_base": 1}, r"rope_base must be > 1"),
+        ({"positions": "rope", "rope_layout": "neox"}, r"rope_layout must be 'half'"),
+        ({"positions": "rope", "rope_scaling": "dynamic"}, r"rope_scaling must be None or one of \('linear', 'ntk', 'yarn'\)"),
+        ({"positions": "rope", "rope_factor": 4}, r"comes with a rope_scaling"),
+        ({"positions": "rope", "rope_scaling": "linear", "rope_factor": 0.5}, r"must be >= 1"),
+        ({"rotary_dim": 4}, r"\{'rotary_dim': 4\} configure rotary positions, but positions='learned'. Set positions='rope'"),
+        ({"positions": "alibi", "backend": "tiled"}, r"backend='explicit' or 'sdpa' with ALiBi"),
+    ],
+)
+def test_positions_are_validated_once_with_the_fix(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**fields)
+
+
+def test_positions_default_to_learned_and_travel_in_the_dict():
+    assert ModelConfig().positions == "learned"
+    cfg = ModelConfig(positions="rope", rotary_dim=4, rope_layout="interleaved", rope_scaling="yarn", rope_factor=2, rope_base=500000)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg and cfg.rope_factor == 2.0 and cfg.rotary_width == 4
+    assert ModelConfig(positions="rope").rotary_width == ModelConfig().head_dim

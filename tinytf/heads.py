@@ -259,7 +259,7 @@ class CausalSelfAttention(MultiHeadAttention):
         ``positions`` ``[B, T]`` (RoPE and ALiBi; without a cache): each token's position, e.g. counted from the first
         real token of a left-padded sequence; by default ``past … past + T - 1``."""
         self._check_input(x)
-        b, t, _ = x.shape
+        b, t = x.shape[:2]
         self._check_cache(cache, layer, x, mask)
         if positions is not None and cache is not None:
             raise ValueError(_("positions=[B, T] works without a cache; with a cache the positions are counted by it "
