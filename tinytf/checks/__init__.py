@@ -10,8 +10,8 @@ the message says which inputs show it.
 
 ``Finding.pitfall`` is a :class:`Pitfall` from the catalog (:mod:`tinytf.checks.catalog`), the one
 place that names, teaches and fixes each mistake; ``int(pitfall)`` is its number: 1-14 in chapter 08,
-15-18 in chapter 10, 19-20 in chapter 11, 21-25 in chapter 12 (``Pitfall.GENERAL`` = 0: the code raised, returned the wrong
-type, changed its inputs, ...). ``glance_table()`` is chapter 08's table of its fourteen (``chapter="10"``:
+15-18 in chapter 10, 19-20 in chapter 11, 21-25 in chapter 12, 30-36 in chapter 13 (``Pitfall.GENERAL`` = 0: the code
+raised, returned the wrong type, changed its inputs, ...). ``glance_table()`` is chapter 08's table of its fourteen (``chapter="10"``:
 tiled attention's, ``chapter="11"``: grouped-query attention's and the sliding window's).
 
 Usage::
@@ -25,7 +25,8 @@ half-written function (``raise NotImplementedError``) is diagnosed, not crashed 
 Layout: ``catalog`` (the pitfalls), ``findings`` (Finding, report), ``probe`` (shared probe helpers),
 ``attention`` + ``attention_refs``, ``masks`` (causal masks), ``block``, ``loss``, ``tiled`` (online softmax,
 tiled and causal-tiled attention), ``grouped`` (K/V head sharing), ``window`` (sliding-window masks),
-``parallel`` (attention split across processes).
+``parallel`` (attention split across processes), ``rope`` (the rotation, a cached RoPE step) and ``positions`` (ALiBi's bias,
+a left-padded batch's positions).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from .grouped import diagnose_expand_kv, diagnose_kv_grouping
 from .loss import diagnose_lm_loss
 from .masks import diagnose_causal_mask
 from .parallel import diagnose_qkv_split, diagnose_replicated, diagnose_ring_attention, diagnose_row_parallel
+from .positions import diagnose_alibi, diagnose_padded_positions
+from .rope import diagnose_rope, diagnose_rope_decode
 from .tiled import diagnose_online_softmax, diagnose_tiled_attention
 from .tiled_causal import diagnose_causal_tiles
 from .window import diagnose_window
@@ -65,4 +68,8 @@ __all__ = [
     "diagnose_row_parallel",
     "diagnose_replicated",
     "diagnose_ring_attention",
+    "diagnose_rope",
+    "diagnose_rope_decode",
+    "diagnose_alibi",
+    "diagnose_padded_positions",
 ]
