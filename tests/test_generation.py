@@ -138,3 +138,22 @@ def test_learned_positions_still_stop_at_max_tokens():
     with pytest.warns(UserWarning, match="positions='rope' or 'alibi' have no such limit"):
         out = generate(model, torch.randint(0, 40, (1, 4)), 30, temperature=0)
     assert out.shape == (1, 16)
+
+
+def test_generate_decodes_on_one_thread_by_default_and_restores_the_setting():
+    import tinytf.generation
+
+    seen = []
+    model = TinyLanguageModel(vocab=40, dim=32, heads=4, layers=1, max_tokens=16).eval()
+    real = model.forward
+    model.forward = lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1]
+    before = torch.get_num_threads()
+    prompt = torch.randint(0, 40, (1, 3))
+    one = generate(model, prompt, 5, temperature=0)
+    assert set(seen) == {1} and torch.get_num_threads() == before
+    seen.clear()
+    same = generate(model, prompt, 5, temperature=0, threads=None)
+    assert set(seen) == {before} and torch.equal(one, same)
+    with pytest.raises(ValueError, match="threads must be a positive int or None"):
+        generate(model, prompt, 5, threads=0)
+    assert tinytf.generation.generate.__kwdefaults__["threads"] == 1

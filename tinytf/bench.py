@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .device import describe_device, synchronize
+from .device import describe_device, intra_op_threads, synchronize
 from .memory import PeakMemoryMeter, format_bytes
 
 __all__ = ["BenchResult", "benchmark", "one_thread", "percentile", "sdpa_backend"]
@@ -35,12 +35,8 @@ def one_thread() -> Iterator[None]:
 
     Small models (the chapters' copy-task models, B=1 decoding) spend more time synchronising threads
     than computing; one thread is faster there and its timings are steadier on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with intra_op_threads(1):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # which kernel F.scaled_dot_product_attention dispatched to, by the aten op it called

@@ -15,6 +15,7 @@ import warnings
 import torch
 from torch import nn
 
+from .device import intra_op_threads
 from .kvcache import KVCache
 from .rolling import RollingKVCache
 
@@ -70,6 +71,7 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    threads: int | None = 1,
 ) -> torch.Tensor:
     """Extend ids ``[B, T]`` by up to ``max_new_tokens`` tokens -> ``[B, T + n]``.
 
@@ -82,6 +84,11 @@ def generate(
     sliding window (``config.window``) decodes with a :class:`tinytf.RollingKVCache`, whose memory
     stays at ``window`` tokens however long the generation runs; with RoPE or ALiBi it can generate
     past ``max_tokens`` with flat memory.
+
+    ``threads``: the CPU intra-op threads for the call, **1 by default**. A decode step is a few dozen tiny ops; on
+    more threads they wait for each other, and on a busy machine far longer (chapter 13 and ``benchmarks/decode_threads.py``
+    measure it). ``None`` keeps torch's setting (a big model or a long prompt,
+    whose matrix products are large enough to share). On a GPU it changes nothing that matters.
     """
     window = model.config.window
     limit = model.config.max_tokens if model.config.positions == "learned" else None
@@ -98,7 +105,7 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), intra_op_threads(threads):
             t0 = ids.size(1)
             out = torch.empty(ids.size(0), t0 + n, dtype=ids.dtype, device=ids.device)  # [B, T + n], filled in place
             out[:, :t0] = ids
