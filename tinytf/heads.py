@@ -307,9 +307,12 @@ class CausalSelfAttention(MultiHeadAttention):
         q_pos = torch.arange(past, past + t, device=q.device) if positions is None else positions  # [T] or [B, T]
         k_pos = q_pos if cache is None else cache.key_positions(layer, t, device=q.device)  # [Tk] or [B, Tk]
         bias = alibi_bias(self.alibi_slopes, q_pos, k_pos)  # [H, T, Tk] or [B, H, T, Tk], float32
+        if bias.dim() == 3:  # [1, H, T, Tk]: PyTorch's fused CPU kernel takes a 4-D float mask, a 3-D one falls back to math
+            bias = bias[None]
         if cache is not None and t == 1 and mask is None and not return_weights and not (self.training and self.dropout > 0):
             # decode: every key a cache returns may be seen (within the window), so the bias is the whole attn_mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=self.groups > 1)
         allowed = allowed_keys(q_pos, k_pos, window=self.window).unsqueeze(-3)  # [1, T, Tk] or [B, 1, T, Tk]
+        allowed = allowed if allowed.dim() == 4 else allowed[None]  # [1, 1, T, Tk]
         mask = allowed if mask is None else mask & allowed
         return self.attend(q, k, v, mask, False, return_weights, bias=bias)

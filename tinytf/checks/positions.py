@@ -110,15 +110,15 @@ def diagnose_padded_positions(fn: Callable[[list[int], int], torch.Tensor]) -> l
     last ``lengths[b]``) numbered ``0 … lengths[b] - 1``. Names ``LEFT_PAD_OFFSET`` (positions counted from the pads) and
     an off-by-one start."""
     for lengths, t in (([5, 3, 1], 5), ([2, 6], 6), ([4], 4)):
-        where = _("for lengths={lengths}, t={t}").format(lengths=lengths, t=t)
+        where = _("Seen for lengths={lengths}, t={t}.").format(lengths=lengths, t=t)
         try:
             out = fn(list(lengths), t)
         except Exception as exc:  # noqa: BLE001
-            return [crash_finding(_("the position ids {where}").format(where=where), exc)]
+            return [crash_finding(_("the position ids for lengths={lengths}, t={t}").format(lengths=lengths, t=t), exc)]
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(lengths), t) or out.is_floating_point():
             got = f"{out.dtype} {list(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
             return [found(Pitfall.GENERAL, _("the position ids have the wrong shape or dtype"),
-                          _("expected integers [B, t] = {want}, got {got} {where}.").format(want=[len(lengths), t], got=got, where=where),
+                          _("expected integers [B, t] = {want}, got {got}. {where}").format(want=[len(lengths), t], got=got, where=where),
                           fix=_("return one integer position per token: a LongTensor [B, t]"))]
         real = padding_mask(lengths, t, side="left")[:, 0, 0, :]
         right = padded_positions(lengths, t)

@@ -69,9 +69,10 @@ _WRONG_ROPE = (
     WrongRope({"layout": "interleaved"}, Pitfall.ROPE_LAYOUT, N_("the rotation pairs channels (2i, 2i + 1), not (i, i + d/2)"),
               N_("the output is the interleaved layout's (RoFormer, GPT-J): rotate_half pairs channel i with channel i + d/2.")),
     WrongRope({"angle_dtype": torch.bfloat16}, Pitfall.LOW_PRECISION_ANGLES, N_("the angles are computed in bfloat16"),
-              N_("right near position 0, off at large positions: position · θ in bfloat16 keeps 8 bits, whole radians at 4096.")),
+              N_("small errors near position 0, large ones far away: position · θ in bfloat16 keeps 8 bits, whole radians off at "
+                 "4096.")),
     WrongRope({"angle_dtype": torch.float16}, Pitfall.LOW_PRECISION_ANGLES, N_("the angles are computed in float16"),
-              N_("right near position 0, off at large positions: position · θ in float16 loses the fraction of a radian.")),
+              N_("small errors near position 0, large ones far away: position · θ in float16 is a radian off at 4096.")),
     WrongRope({"sign": -1.0}, Pitfall.GENERAL, N_("the rotation turns the wrong way"),
               N_("every pair turns by -position · θ: q·k still depends on m - n only, but weights trained the usual way see "
                  "every offset mirrored.")),
@@ -185,10 +186,10 @@ def _decode_probe(fn: Callable, b: int, h: int, t: int, d: int, past: int, gen: 
     k_cache = reference_rope(torch.randn(b, h, past, d, generator=gen), torch.arange(past))  # rotated when they were cached
     v_cache = torch.randn(b, h, past, d, generator=gen)
     res = fn(q.clone(), k.clone(), v.clone(), k_cache.clone(), v_cache.clone(), past)
-    where = _("for t={t} new tokens after past={past} (q [{b}, {h}, {t}, {d}])").format(t=t, past=past, b=b, h=h, d=d)
+    where = _("Seen for t={t} new tokens after past={past} (q [{b}, {h}, {t}, {d}]).").format(t=t, past=past, b=b, h=h, d=d)
     if not (isinstance(res, (tuple, list)) and len(res) == 3 and all(isinstance(r, torch.Tensor) for r in res)):
         return found(Pitfall.GENERAL, _("the decode step returns the wrong thing"),
-                     _("expected (out, k_cache, v_cache), got {got} {where}.").format(got=type(res).__name__, where=where),
+                     _("expected (out, k_cache, v_cache), got {got}. {where}").format(got=type(res).__name__, where=where),
                      fix=_("return the output and the two caches with the new keys and values appended"))
     return (q, k, v, k_cache, v_cache, past), [r.detach().float() for r in res], where
 
@@ -226,7 +227,7 @@ def diagnose_rope_decode(fn: Callable) -> list[Finding]:
                           _("with t > 1 new tokens each must see the cache and the new tokens up to itself: an end-aligned "
                             "causal mask."), where=where, fix=_("mask with causal_mask(t, past + t), aligned to the end"))]
         return [found(Pitfall.GENERAL, _("the decode step differs from RoPE attention over the cache"),
-                      _("out differs by up to {err:.3g} {where}.").format(err=max_abs_diff(out, right[0]) if out.shape == right[0].shape
+                      _("out differs by up to {err:.3g}. {where}").format(err=max_abs_diff(out, right[0]) if out.shape == right[0].shape
                                                                          else math.inf, where=where),
                       fix=_("rotate q and the new k at past …, append k and v, attend with an end-aligned causal mask"))]
     return []

@@ -4,8 +4,8 @@ For a query and a key that are the same vector of ones, the rotated score ``q_m 
 ``Σ_i 2 cos((m - n) θ_i)``: every pair turns by its own angle per token, and the further apart two tokens are,
 the less the turns agree. RoFormer bounds the score of any q, k by ``max_j |h_{j+1} - h_j| · Σ_j |S_j|`` with
 ``S_j = Σ_{i<j} e^{i (m-n) θ_i}``; the figure draws ``Σ_j |S_j|`` divided by its value at distance 0 (the relative
-upper bound) next to the score of aligned q and k (also 1 at distance 0), both against the distance ``m - n``. A larger base turns the slow pairs slower: the decay
-stretches to longer distances.
+upper bound) next to the score of aligned q and k (also 1 at distance 0), both against the distance ``m - n``.
+A larger base turns the slow pairs slower: the decay stretches to longer distances.
 """
 
 from __future__ import annotations
