@@ -82,3 +82,17 @@ def test_diagnose_padded_positions():
     assert f.pitfall is Pitfall.LEFT_PAD_OFFSET and "counted from the pads" in f.title
     [f] = diagnose_padded_positions(lambda lengths, t: padded_positions(lengths, t) + 1)
     assert f.pitfall is Pitfall.GENERAL and "start at 1" in f.title
+
+
+def test_the_findings_speak_chinese(monkeypatch):
+    import re
+
+    monkeypatch.setenv("TINYTF_LANG", "zh")
+    findings = (diagnose_rope(lambda x, pos: reference_rope(x, pos, layout="interleaved"))
+                + diagnose_rope_decode(lambda *a: reference_rope_decode(*a, again=True))
+                + diagnose_padded_positions(lambda lengths, t: torch.arange(t).expand(len(lengths), t))
+                + diagnose_alibi(lambda h, tq, tk: -alibi_bias(alibi_slopes(h), torch.arange(tk - tq, tk), torch.arange(tk))))
+    assert len(findings) == 4
+    for f in findings:
+        assert re.search("[\u4e00-\u9fff]", f.title) and re.search("[\u4e00-\u9fff]", f.text), f
+        assert "修正" in f.text or "修复" in f.text or "Fix" not in f.text

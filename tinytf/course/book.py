@@ -157,7 +157,7 @@ def _write_edition(ed: Edition, root: Path, chapters: list[Path]) -> list[Path]:
             pages.append(root / folder / f.name)
     readme = ed.readme.read_text(encoding="utf-8")
     texts = {"index.md": _landing(ed, chapters, exercises),
-             "pitfalls.md": f"# {ed.words['pitfalls']}\n\n{ed.words['pitfalls_intro']}\n\n{glance_table(ed.lang)}\n",
+             "pitfalls.md": f"# {ed.words['pitfalls']}\n\n{ed.words['pitfalls_intro']}\n\n{glance_table(ed.lang, chapter=None)}\n",
              "instructors.md": _section(readme, ed.instructors).replace(ed.instructors, "# " + ed.words["instructors"], 1)}
     for name, text in texts.items():
         (root / name).write_text(text, encoding="utf-8")
