@@ -151,7 +151,8 @@ class RotaryEmbedding(nn.Module):
         else:
             cos, sin = rope_tables(positions, self.theta, self.layout, self.attention_factor)  # [B, T, r]
             cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, r]: the same for every head
-        return apply_rope(q, cos, sin, self.layout), apply_rope(k, cos, sin, self.layout)
+        both = apply_rope(torch.cat([q, k], dim=1), cos, sin, self.layout)  # the same angles for q and k: one rotation
+        return both.split([q.size(1), k.size(1)], dim=1)
 
     def extra_repr(self) -> str:
         return f"rotary_dim={self.rotary_dim}, layout={self.layout!r}"
