@@ -23,12 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import time
 from pathlib import Path
 
 import torch
 
 import tinytf
-from tinytf.bench import benchmark, cpu_load
+from tinytf.bench import cpu_load
+from tinytf.device import synchronize
 
 
 def gpt2_like(layers: int, dim: int, heads: int, vocab: int, positions: int):
@@ -55,12 +58,26 @@ def _counts(text: str, cores: int) -> list[int]:
 
 
 def _pair(ours, hf, prompt: torch.Tensor, n: int, repeats: int, device, threads_ours: int | None) -> dict:
-    """tinytf.generate (``threads=threads_ours``) and GPT-2's generate, timed one after the other, same conditions."""
-    common = dict(warmup=1, iters=repeats, device=device, tokens=n, memory=False, B=1, T=prompt.size(1) + n, dtype="fp32")
-    mine = benchmark(lambda: tinytf.generate(ours, prompt, n, temperature=0, threads=threads_ours), name="tinytf.generate",
-                     backend="explicit", **common)
-    theirs = benchmark(lambda: hf_generate(hf, prompt, n), name="GPT2LMHeadModel.generate", backend="transformers", **common)
-    return {"tinytf": mine, "gpt2": theirs, "speedup": theirs.median_ms / mine.median_ms}
+    """tinytf.generate (``threads=threads_ours``) and GPT-2's generate **interleaved**: one warm-up call each, then
+    ``repeats`` rounds of one call of each, so that a change in the machine's load hits both alike. Median seconds."""
+    calls = {"tinytf": lambda: tinytf.generate(ours, prompt, n, temperature=0, threads=threads_ours),
+             "gpt2": lambda: hf_generate(hf, prompt, n)}
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for fn in calls.values():
+        fn()  # warm-up
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    conditions = {"B": 1, "T": prompt.size(1) + n, "dtype": "fp32", "device_type": device.type,
+                  "device_name": tinytf.describe_device(device), "threads": torch.get_num_threads(), "repeats": repeats,
+                  "interleaved": True, "torch": torch.__version__}
+    return {name: {"median_s": median[name], "tokens_per_s": n / median[name], "times_s": times[name], "conditions": conditions}
+            for name in calls} | {"speedup": median["gpt2"] / median["tinytf"]}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -111,9 +128,9 @@ def main(argv: list[str] | None = None) -> dict:
                         res = _pair(models[pos], hf, prompt, n, args.repeats, device, threads_ours=1)  # tinytf's default
                         own = _pair(models[pos], hf, prompt, n, 1, device, threads_ours=None) if threads > 1 else None
                         grid.append({"busy_processes": load, "threads": threads, "positions": pos,
-                                     "tinytf_tokens_per_s": res["tinytf"].tokens_per_s, "gpt2_tokens_per_s": res["gpt2"].tokens_per_s,
-                                     "tinytf_speedup": res["speedup"],
-                                     "tinytf_on_torch_threads_tokens_per_s": own["tinytf"].tokens_per_s if own else None,
+                                     "tinytf_tokens_per_s": res["tinytf"]["tokens_per_s"],
+                                     "gpt2_tokens_per_s": res["gpt2"]["tokens_per_s"], "tinytf_speedup": res["speedup"],
+                                     "tinytf_on_torch_threads_tokens_per_s": own["tinytf"]["tokens_per_s"] if own else None,
                                      "_res": res})
     finally:
         torch.set_num_threads(before)
@@ -125,15 +142,14 @@ def main(argv: list[str] | None = None) -> dict:
         "device_name": tinytf.describe_device(device), "threads": grid[0]["threads"], "torch": torch.__version__,
         "transformers": transformers.__version__,
         "parameters": {"tinytf": tinytf.count_parameters(models[positions[0]]), "gpt2": sum(p.numel() for p in hf.parameters())},
-        "tinytf": {"median_s": mine.median_ms / 1e3, "tokens_per_s": mine.tokens_per_s, "conditions": mine.conditions},
-        "transformers_gpt2": {"median_s": theirs.median_ms / 1e3, "tokens_per_s": theirs.tokens_per_s,
-                              "conditions": theirs.conditions},
-        "tinytf_speedup": theirs.median_ms / mine.median_ms,
+        "tinytf": mine, "transformers_gpt2": theirs,
+        "tinytf_speedup": theirs["median_s"] / mine["median_s"],
         "grid": grid,
         "goal": {"target": "tinytf at least as fast (speed-up >= 1) in every condition",
                  "met": all(r["tinytf_speedup"] >= 1.0 for r in grid)},
         "note": ("CPU figures: they say nothing about a GPU. " if device.type != "cuda" else "CUDA figures. ")
-        + f"Medians of {args.repeats} end-to-end generate calls after one warm-up, prefill included; tinytf.generate with its "
+        + f"Medians of {args.repeats} end-to-end generate calls of each side, interleaved, after one warm-up each, prefill "
+          "included; tinytf.generate with its "
           "default threads=1, GPT-2 on torch's thread setting; under load: one busy process per core started here.",
     })
     (out / "hf_generate.json").write_text(json.dumps(report, indent=2))
