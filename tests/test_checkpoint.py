@@ -214,8 +214,8 @@ def test_old_checkpoints_load_with_the_defaults(tmp_path):
 
 def test_files_from_a_newer_tinytf_are_refused_clearly(tmp_path):
     raw = torch.load(save_checkpoint(tmp_path / "c.pt", TinyLanguageModel(CFG)), weights_only=True)
-    torch.save({**raw, "config": {**raw["config"], "rope_base": 1}}, tmp_path / "field.pt")
-    with pytest.raises(ValueError, match=r"field\.pt holds an invalid model config: unknown ModelConfig field\(s\) \['rope_base'\]"):
+    torch.save({**raw, "config": {**raw["config"], "moe_experts": 8}}, tmp_path / "field.pt")
+    with pytest.raises(ValueError, match=r"field\.pt holds an invalid model config: unknown ModelConfig field\(s\) \['moe_experts'\]"):
         load_checkpoint(tmp_path / "field.pt")
     torch.save({**raw, "version": 99}, tmp_path / "version.pt")
     with pytest.raises(ValueError, match="format version 99.*upgrade tinytf"):
@@ -237,3 +237,24 @@ def test_a_scheduler_that_does_not_fit_touches_nothing(tmp_path):
     with pytest.raises(ValueError, match="the saved scheduler has 1 base_lrs, yours has 2"):
         load_checkpoint(path, model=target, optimizer=one_group, scheduler=two)
     assert _unchanged(target, t_opt, snap)
+
+
+def test_the_position_choice_travels_with_the_weights_and_old_files_load_as_learned(tmp_path):
+    torch.manual_seed(9)
+    cfg = ModelConfig(vocab=20, dim=16, heads=2, layers=1, max_tokens=8, positions="rope", rotary_dim=4, rope_layout="interleaved",
+                      rope_scaling="yarn", rope_factor=2.0)
+    model = TinyLanguageModel(cfg).eval()
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "rope.pt", model)).model.eval()
+    ids = torch.randint(0, 20, (2, 12))  # past max_tokens: RoPE has no table
+    assert loaded.config == cfg
+    torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
+    alibi = TinyLanguageModel(vocab=20, dim=16, heads=2, layers=1, max_tokens=8, positions="alibi")
+    assert load_checkpoint(save_checkpoint(tmp_path / "alibi.pt", alibi)).config.positions == "alibi"
+    old = TinyLanguageModel(vocab=20, dim=16, heads=2, layers=1, max_tokens=8)
+    legacy = {k: v for k, v in old.config.to_dict().items() if k not in ("positions", "rope_base", "rotary_dim", "rope_layout",
+                                                                         "rope_scaling", "rope_factor")}
+    torch.save({"config": legacy, "model": old.state_dict()}, tmp_path / "old.pt")  # written before positions existed
+    back = load_checkpoint(tmp_path / "old.pt")
+    assert back.config.positions == "learned" and "position.weight" in back.model.state_dict()
+    with pytest.raises(ValueError, match="positions: checkpoint 'rope', model 'learned'"):
+        load_checkpoint(tmp_path / "rope.pt", model=TinyLanguageModel(vocab=20, dim=16, heads=2, layers=1, max_tokens=8))

@@ -59,3 +59,32 @@ def test_pool_kv_heads_keeps_q_and_averages_consecutive_k_and_v_heads():
     torch.testing.assert_close(pooled[dim : dim + 2 * d].reshape(2, d, 3), torch.stack([k_heads[:2].mean(0), k_heads[2:].mean(0)]))
     bias = torch.arange(dim + 2 * 4 * d, dtype=torch.float64)
     assert pool_kv_heads(bias, dim, d, 4, 1).shape == (dim + 2 * d,)
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope", "alibi", "none"])
+def test_to_grouped_query_keeps_the_position_choice(positions):
+    torch.manual_seed(3)
+    model = TinyLanguageModel(vocab=30, dim=32, heads=4, layers=2, max_tokens=16, positions=positions).eval()
+    ids = torch.randint(0, 30, (2, 16))
+    same, two = to_grouped_query(model, 4), to_grouped_query(model, 2)
+    assert two.config.positions == positions and two.config.n_kv_heads == 2
+    torch.testing.assert_close(same(ids), model(ids), atol=0, rtol=0)
+    assert two(ids).shape == (2, 16, 30)
+
+
+def test_to_half_split_computes_the_same_logits_and_a_plain_reload_does_not():
+    from tinytf import to_half_split
+
+    torch.manual_seed(4)
+    for rotary_dim, kv_heads in ((None, None), (4, 2)):
+        model = TinyLanguageModel(vocab=30, dim=32, heads=4, kv_heads=kv_heads, layers=2, max_tokens=16, positions="rope",
+                                  rope_layout="interleaved", rotary_dim=rotary_dim).eval()
+        ids = torch.randint(0, 30, (2, 16))
+        half = to_half_split(model)
+        assert half.config.rope_layout == "half"
+        torch.testing.assert_close(half(ids), model(ids), atol=1e-5, rtol=1e-5)
+        wrong = TinyLanguageModel(half.config).eval()
+        wrong.load_state_dict(model.state_dict())  # the interleaved weights in the half-split layout: loads, and is wrong
+        assert (wrong(ids) - model(ids)).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="nothing to convert"):
+        to_half_split(TinyLanguageModel(vocab=30, dim=32, heads=4, layers=1, max_tokens=16))

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPECTED_EXERCISES = 11
+EXPECTED_EXERCISES = 12
 
 
 @dataclass(frozen=True)

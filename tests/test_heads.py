@@ -174,3 +174,43 @@ def test_windowed_attention_matches_pytorch_on_every_backend(device, backend, kv
         full.load_state_dict(attn.state_dict())
         assert not torch.allclose(full(x), attn(x))  # the window changes the output
         torch.testing.assert_close(full(x[:, :5]), attn(x[:, :5]))  # ... not while T <= window
+
+
+# ---- positions inside attention (chapter 13): RoPE rotates q and k, never v; ALiBi: tests/test_alibi.py ----------
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "tiled"])
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_rope_attention_rotates_q_and_k_only(backend, kv_heads):
+    from tinytf import ModelConfig
+    from tinytf.rope import apply_rope, rope_frequencies, rope_tables
+
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(ModelConfig(dim=32, heads=4, kv_heads=kv_heads, positions="rope", rotary_dim=6, backend=backend)).eval()
+    x = torch.randn(2, 10, 32)
+    with torch.no_grad():
+        q, k, v = attn.project(x)
+        cos, sin = rope_tables(torch.arange(10), rope_frequencies(6)[0])
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # v stays as it is
+        ref = attn.proj(attn.merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads is not None)))
+        torch.testing.assert_close(attn(x), ref, atol=1e-5, rtol=1e-5)
+    assert count_parameters(attn) == count_parameters(CausalSelfAttention(ModelConfig(dim=32, heads=4, kv_heads=kv_heads)))
+
+
+def test_rope_and_alibi_layers_run_past_max_tokens_and_learned_ones_do_not():
+    from tinytf import KVCache, ModelConfig
+
+    for positions in ("rope", "alibi", "none"):
+        attn = CausalSelfAttention(ModelConfig(dim=16, heads=2, max_tokens=8, positions=positions))
+        assert attn(torch.randn(1, 20, 16)).shape == (1, 20, 16)
+    learned = CausalSelfAttention(ModelConfig(dim=16, heads=2, max_tokens=8))
+    with pytest.raises(ValueError, match="longer than max_tokens=8"):
+        learned(torch.randn(1, 6, 16), cache=_filled(KVCache(1, 1, 2, 16, 8), 4))
+    with pytest.raises(ValueError, match="positions=\\[B, T\\] works without a cache"):
+        CausalSelfAttention(ModelConfig(dim=16, heads=2, positions="rope"))(
+            torch.randn(1, 2, 16), cache=KVCache(1, 1, 2, 8, 8), positions=torch.zeros(1, 2, dtype=torch.long))
+
+
+def _filled(cache, n: int):
+    cache.lengths = [n] * len(cache.lengths)
+    return cache

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinytf import ModelConfig, TinyLanguageModel, count_parameters, lm_loss, train_step
+from tinytf import ModelConfig, TinyLanguageModel, count_parameters, lm_loss, padding_mask, train_step
 from tinytf.config import BACKENDS
 
 
@@ -138,3 +138,56 @@ def test_windowed_lm_backends_agree_across_tiles(device):
         outs = [m(ids) for m in models]
     for other in outs[1:]:
         torch.testing.assert_close(other, outs[0], atol=1e-5, rtol=1e-5)
+
+
+# ---- positions (chapter 13) ------------------------------------------------------------------------------------
+
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+
+
+def test_every_position_choice_builds_trains_and_counts_its_parameters():
+    from tinytf.memory import parameter_count
+
+    assert len(POSITIONS) == 5
+    counts = {}
+    for positions in POSITIONS:
+        torch.manual_seed(0)
+        model = TinyLanguageModel(vocab=30, dim=32, heads=4, layers=2, max_tokens=16, positions=positions)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = [train_step(model, opt, torch.randint(0, 30, (4, 16)))["loss"] for _ in range(3)]
+        assert all(math.isfinite(v) for v in losses)
+        counts[positions] = count_parameters(model)
+        assert counts[positions] == parameter_count(model.config)[0]
+        assert ("position.weight" in model.state_dict()) == (positions == "learned")
+    assert {counts[p] for p in POSITIONS if p != "learned"} == {counts["learned"] - 16 * 32}  # only the table has parameters
+
+
+def test_only_learned_positions_stop_at_max_tokens():
+    ids = torch.randint(0, 30, (1, 40))
+    for positions in POSITIONS[1:]:
+        model = TinyLanguageModel(vocab=30, dim=32, heads=4, layers=1, max_tokens=16, positions=positions)
+        assert model(ids).shape == (1, 40, 30)
+    with pytest.raises(ValueError, match=r"40 positions .* exceed max_tokens=16.*relative positions: positions='rope' or 'alibi'"):
+        TinyLanguageModel(vocab=30, dim=32, heads=4, layers=1, max_tokens=16)(ids)
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_left_padded_batch_with_its_positions_equals_each_sequence_alone(positions):
+    from tinytf.masks import padded_positions
+
+    torch.manual_seed(3)
+    model = TinyLanguageModel(vocab=30, dim=32, heads=4, layers=2, max_tokens=16, positions=positions).eval()
+    short = torch.randint(1, 30, (1, 5))
+    batch = torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1)  # 3 pads on the left
+    mask = padding_mask([5], 8, side="left")
+    alone = model(short)
+    pos = padded_positions([5], 8)
+    assert pos.tolist() == [[0, 0, 0, 0, 1, 2, 3, 4]]
+    with torch.no_grad():
+        fixed = model(batch, mask=mask, positions=pos)[:, 3:]
+        forgot = model(batch, mask=mask)[:, 3:]  # positions 3 … 7 for tokens that are 0 … 4
+    torch.testing.assert_close(fixed, alone, atol=1e-5, rtol=1e-5)
+    if positions in ("learned", "sinusoidal"):
+        assert (forgot - alone).abs().max() > 1e-2  # absolute positions see the offset
+    else:
+        torch.testing.assert_close(forgot, alone, atol=1e-4, rtol=1e-4)  # relative ones (and none) do not

@@ -93,3 +93,22 @@ def test_attention_tells_a_rolling_cache_by_its_type():
     with torch.no_grad():
         torch.testing.assert_close(plain(ids, cache=static), plain(ids), atol=1e-5, rtol=1e-5)
     assert isinstance(RollingKVCache(1, 1, 2, 4, 8), KVCache)
+
+
+def test_key_positions_say_where_each_returned_key_is():
+    from tinytf import KVCache
+
+    ring = RollingKVCache(1, 1, 1, 4, 2)
+    static = KVCache(1, 1, 1, 16, 2)
+    kv = torch.zeros(1, 1, 3, 2)
+    ring.update(0, kv, kv)
+    static.update(0, kv, kv)
+    assert ring.key_positions(0, 3).tolist() == [0, 1, 2] == static.key_positions(0, 3).tolist()
+    one = torch.zeros(1, 1, 1, 2)
+    seen = []
+    for _ in range(4):
+        ring.update(0, one, one)
+        seen.append(ring.key_positions(0, 1).tolist())
+    assert seen == [[0, 1, 2, 3], [4, 1, 2, 3], [4, 5, 2, 3], [4, 5, 6, 3]]  # slot s holds the latest p with p % 4 == s
+    ring.update(0, kv, kv)  # a prefill of 3 after 7 tokens: the 4 kept ones, then the 3 new, in time order
+    assert ring.key_positions(0, 3).tolist() == [3, 4, 5, 6, 7, 8, 9]

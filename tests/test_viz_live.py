@@ -48,6 +48,7 @@ EXPLORERS = {
                        ["batch", "layers", "heads", "kv_heads", "window", "head_dim", "dtype", "reserved_gib"]),
     "online_softmax_stepper": ("online_softmax_stepper(37, T=64, block_k=8)", ["row", "step", "causal"]),
     "finite_explorer": ("finite_explorer(tokens=32)", ["scaling", "safe_softmax", "tokens"]),
+    "rope_decay_explorer": ("rope_decay_explorer(base=10000.0, compare=(100.0, 500000.0))", ["base", "rotary_dim"]),
 }
 SENTENCES = ["猫坐在垫子上", "the cat sat", "", "w " * 30]  # Chinese, fewer tokens, empty (a message), too long
 
@@ -152,7 +153,7 @@ def _records(path: Path) -> list[dict]:
 
 def test_the_test_covers_every_widget_front_end():
     widgets = sorted(n for n in tinytf.viz.__all__ if n.endswith(("_explorer", "_stepper")))
-    assert len(widgets) == 5 and widgets == sorted(EXPLORERS)
+    assert len(widgets) == 6 and widgets == sorted(EXPLORERS)
 
 
 def test_every_widget_runs_live_under_papermill_on_a_busy_machine(tmp_path, busy_machine):

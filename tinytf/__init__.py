@@ -6,6 +6,7 @@ Masks are boolean with **True = may attend** (the convention of
 
 from __future__ import annotations
 
+from .alibi import alibi_bias, alibi_slopes
 from .attention import scaled_dot_product_attention
 from .bench import BenchResult, benchmark, one_thread
 from .block import TransformerBlock
@@ -15,6 +16,7 @@ from .checks import (
     PITFALLS,
     Finding,
     Pitfall,
+    diagnose_alibi,
     diagnose_attention,
     diagnose_block,
     diagnose_causal_mask,
@@ -27,11 +29,14 @@ from .checks import (
     diagnose_masked_rows,
     diagnose_online_softmax,
     diagnose_overlapped_ring,
+    diagnose_padded_positions,
     diagnose_qkv_split,
     diagnose_replicated,
     diagnose_replicated_grads,
     diagnose_ring_attention,
     diagnose_ring_traffic,
+    diagnose_rope,
+    diagnose_rope_decode,
     diagnose_row_parallel,
     diagnose_tiled_attention,
     diagnose_timings,
@@ -53,7 +58,7 @@ from .collectives import (
 from .compiled import CompileReport, compile_report, compile_skip_reason
 from .config import ModelConfig
 from .context_parallel import ContextParallelBlock
-from .convert import to_grouped_query
+from .convert import to_grouped_query, to_half_split
 from .device import describe_device, pick_device, synchronize
 from .generation import cache_for, generate
 from .grouped import repeat_kv
@@ -79,7 +84,9 @@ from .precision import Threshold, accumulation_errors, finite_map, formats, scor
 from .profiling import PartTimes, label_parts, part_times
 from .ring import RingStats, causal_scores, contiguous_layout, ring_attention, shard_sequence, unshard_sequence, zigzag_layout
 from .rolling import RollingKVCache
+from .rope import RotaryEmbedding, apply_rope, rope_frequencies, rope_tables, rotate_half
 from .sequence_parallel import SequenceParallelBlock, gather_sequence, scatter_sequence
+from .sinusoidal import sinusoidal_table
 from .tiled import TileStats, online_softmax_finish, online_softmax_update, tiled_attention
 from .ulysses import heads_to_seq, seq_to_heads, ulysses_attention
 
@@ -97,6 +104,15 @@ __all__ = [
     "CausalSelfAttention",
     "repeat_kv",
     "to_grouped_query",
+    "to_half_split",
+    "RotaryEmbedding",
+    "rope_frequencies",
+    "rope_tables",
+    "rotate_half",
+    "apply_rope",
+    "alibi_slopes",
+    "alibi_bias",
+    "sinusoidal_table",
     "TransformerBlock",
     "ModelConfig",
     "TinyLanguageModel",
@@ -195,4 +211,8 @@ __all__ = [
     "diagnose_overlapped_ring",
     "diagnose_replicated_grads",
     "diagnose_ring_traffic",
+    "diagnose_rope",
+    "diagnose_rope_decode",
+    "diagnose_alibi",
+    "diagnose_padded_positions",
 ]

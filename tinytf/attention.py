@@ -114,6 +114,7 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     scale: float | None = None,
     return_weights: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Explicit scaled dot-product attention.
 
@@ -124,6 +125,8 @@ def scaled_dot_product_attention(
             (see :func:`tinytf.causal_mask`), which is what a KV-cache decode step needs.
         scale: multiplies the scores; defaults to ``1 / sqrt(d)``.
         return_weights: also return the attention weights ``[..., Tq, Tk]``.
+        bias: float, broadcastable to ``[..., Tq, Tk]``, added to the scaled scores before masking (ALiBi's
+            ``-m·(i - j)``, :mod:`tinytf.alibi`).
 
     Returns:
         ``out [..., Tq, dv]``, or ``(out, weights)``.
@@ -138,6 +141,8 @@ def scaled_dot_product_attention(
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
 
     scores = (q @ k.transpose(-2, -1)) * scale  # [..., Tq, d] @ [..., d, Tk] -> [..., Tq, Tk]
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)  # an additive bias on the scores (e.g. ALiBi)
     allowed = combine_masks(mask, is_causal, t_q, t_k, q.device)
     if allowed is None:
         weights = scores.softmax(dim=-1)

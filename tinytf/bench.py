@@ -24,10 +24,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .device import describe_device, synchronize
+from .device import describe_device, intra_op_threads, synchronize
 from .memory import PeakMemoryMeter, format_bytes
 
-__all__ = ["BenchResult", "benchmark", "one_thread", "percentile", "sdpa_backend"]
+__all__ = ["BenchResult", "benchmark", "one_thread", "percentile", "sdpa_backend", "cpu_load", "decode_step_times"]
 
 @contextmanager
 def one_thread() -> Iterator[None]:
@@ -35,12 +35,8 @@ def one_thread() -> Iterator[None]:
 
     Small models (the chapters' copy-task models, B=1 decoding) spend more time synchronising threads
     than computing; one thread is faster there and its timings are steadier on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with intra_op_threads(1):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # which kernel F.scaled_dot_product_attention dispatched to, by the aten op it called
@@ -222,3 +218,49 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **sdpa_kwarg
         if op in _SDPA_KERNELS:
             return _SDPA_KERNELS[op]
     return "math" + (" (unfused, CPU)" if q.device.type == "cpu" else "")
+
+
+@contextmanager
+def cpu_load(processes: int) -> Iterator[int]:
+    """Keep ``processes`` CPU cores busy for the ``with`` block: plain Python busy loops in child processes (nothing
+    shared with this one), stopped when the block ends, however it ends. Yields the number started. What a student's
+    laptop running a browser, a build or another notebook looks like to a benchmark."""
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(0, processes))]
+    try:
+        time.sleep(0.2 if procs else 0.0)  # let them start spinning
+        yield len(procs)
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def decode_step_times(models: dict[str, torch.nn.Module], *, steps: int = 50, threads: int | None = None, prompt: int = 16,
+                      batch: int = 1) -> dict[str, list[float]]:
+    """Milliseconds of each cached decode step of each model, measured **side by side**: one step of every model in turn,
+    so that a change in the machine's load hits them all alike. One prefill of ``prompt`` random tokens each, then
+    ``steps`` greedy decode steps, with ``threads`` intra-op threads (None: torch's setting). CPU timings (synchronised)."""
+    from .generation import cache_for
+
+    caches, logits = {}, {}
+    with torch.inference_mode(), intra_op_threads(threads):
+        for name, m in models.items():
+            p = next(m.parameters())
+            caches[name] = cache_for(m, batch, max_tokens=prompt + steps + 1)
+            ids = torch.randint(0, m.config.vocab, (batch, prompt), device=p.device)
+            logits[name] = m(ids, cache=caches[name])[:, -1]
+        times: dict[str, list[float]] = {name: [] for name in models}
+        for _ in range(steps):
+            for name, m in models.items():
+                nxt = logits[name].argmax(-1, keepdim=True)
+                device = nxt.device
+                synchronize(device)
+                start = time.perf_counter()
+                logits[name] = m(nxt, cache=caches[name])[:, -1]
+                synchronize(device)
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return times

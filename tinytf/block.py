@@ -29,7 +29,8 @@ class TransformerBlock(nn.Module):
     :class:`tinytf.CausalSelfAttention` (grouped-query and sliding-window attention).
 
     ``TransformerBlock(config)`` builds the block of a :class:`tinytf.ModelConfig` (``dim``, ``heads``,
-    ``max_tokens``, ``expansion``, ``norm``, ``dropout``, ``backend``, ``bias``, ``kv_heads``, ``window``);
+    ``max_tokens``, ``expansion``, ``norm``, ``dropout``, ``backend``, ``bias``, ``kv_heads``, ``window``, and RoPE or
+    ALiBi positions, which act inside attention);
     ``TransformerBlock(dim=64, heads=4, ...)`` makes that config from the keywords (and validates them).
     """
 
@@ -66,12 +67,13 @@ class TransformerBlock(nn.Module):
         *,
         cache: KVCache | None = None,
         layer: int = 0,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x ``[B, T, D]`` -> ``[B, T, D]``; ``mask``/``cache``/``layer`` are passed to ``attn``."""
+        """x ``[B, T, D]`` -> ``[B, T, D]``; ``mask``/``cache``/``layer``/``positions`` are passed to ``attn``."""
         if self.norm_position == "pre":
-            x = x + self.drop(self.attn(self.norm1(x), mask, cache=cache, layer=layer))
+            x = x + self.drop(self.attn(self.norm1(x), mask, cache=cache, layer=layer, positions=positions))
             x = x + self.drop(self.ffn(self.norm2(x)))
         else:
-            x = self.norm1(x + self.drop(self.attn(x, mask, cache=cache, layer=layer)))
+            x = self.norm1(x + self.drop(self.attn(x, mask, cache=cache, layer=layer, positions=positions)))
             x = self.norm2(x + self.drop(self.ffn(x)))
         return x

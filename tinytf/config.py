@@ -28,16 +28,21 @@ from .translation import gettext as _
 
 __all__ = [
     "ModelConfig", "NORMS", "BACKENDS", "check_heads", "check_norm", "check_backend", "check_dropout", "check_kv_heads",
-    "check_window", "module_config",
+    "check_window", "check_positions", "module_config", "POSITIONS", "ROPE_LAYOUTS", "ROPE_SCALINGS",
 ]
 
 NORMS = ("pre", "post")  # where each block normalises: before attention/FFN (modern) or after the residual sum (2017)
 BACKENDS = ("explicit", "sdpa", "tiled")  # tinytf's attention written out, PyTorch's fused kernel, the online softmax
+# where a token is (chapter 13): a learned table (the seed's), a fixed sinusoidal table, rotary q/k (RoPE), a linear bias
+# on the scores (ALiBi), or nothing at all
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+ROPE_LAYOUTS = ("half", "interleaved")  # pairs (i, i + r/2) as GPT-NeoX and Llama; pairs (2i, 2i + 1) as RoFormer and GPT-J
+ROPE_SCALINGS = ("linear", "ntk", "yarn")  # position interpolation, NTK-aware base, YaRN's NTK-by-parts (+ its temperature)
 
 _SIZES = {
     "vocab": N_("the number of token ids"),
     "layers": N_("the number of Transformer blocks"),
-    "max_tokens": N_("the longest sequence: the number of rows of the position table"),
+    "max_tokens": N_("the longest sequence trained on: the number of rows of a learned position table"),
     "expansion": N_("the FFN hidden width is expansion * dim"),
 }
 
@@ -108,6 +113,48 @@ def check_window(window: int) -> int:
     return int(window)
 
 
+def _rope_fields(c: ModelConfig) -> dict[str, Any]:
+    """The RoPE fields of ``c`` that differ from their defaults."""
+    defaults = {"rope_base": 10000.0, "rotary_dim": None, "rope_layout": "half", "rope_scaling": None, "rope_factor": 1.0}
+    return {k: getattr(c, k) for k, v in defaults.items() if getattr(c, k) != v}
+
+
+def check_positions(c: ModelConfig) -> None:
+    """``ValueError`` naming the fix unless the position choice of ``c`` and its RoPE fields fit together:
+    ``positions`` one of :data:`POSITIONS`; for ``"rope"`` an even ``rotary_dim <= d_head``, ``rope_base > 1``, a layout of
+    :data:`ROPE_LAYOUTS`, a scaling of :data:`ROPE_SCALINGS` (or None) with ``rope_factor >= 1``; RoPE fields only with
+    ``"rope"``; ``"alibi"`` not with the tiled backend (its bias is a [H, Tq, Tk] tensor the tiles never form)."""
+    if c.positions not in POSITIONS:
+        raise ValueError(_("positions must be one of {choices}, got {positions!r}").format(choices=POSITIONS, positions=c.positions))
+    if c.positions != "rope":
+        extra = _rope_fields(c)
+        if extra:
+            raise ValueError(_("{extra} configure rotary positions, but positions={positions!r}. Set positions='rope', or leave those "
+                               "fields at their defaults.").format(extra=extra, positions=c.positions))
+        if c.positions == "alibi" and c.backend == "tiled":
+            raise ValueError(_("positions='alibi' adds a bias [H, Tq, Tk] to the scores, which backend='tiled' never forms. Use "
+                               "backend='explicit' or 'sdpa' with ALiBi."))
+        return
+    r = c.head_dim if c.rotary_dim is None else c.rotary_dim
+    if r < 2 or r > c.head_dim or r % 2:
+        raise ValueError(_("RoPE rotates pairs of channels: rotary_dim must be even and at most d_head = dim / heads = {head_dim}, "
+                           "got rotary_dim={r} (dim={dim}, heads={heads}). Choose an even rotary_dim <= {head_dim}, or None for all "
+                           "of d_head{even}.").format(head_dim=c.head_dim, r=r, dim=c.dim, heads=c.heads,
+                                                      even=_(" (d_head itself is odd: change dim or heads)") if c.head_dim % 2 else ""))
+    if not c.rope_base > 1.0:
+        raise ValueError(_("rope_base must be > 1 (the angle of pair i is position / rope_base^(2i / rotary_dim)), got {base!r}. "
+                           "10000 is RoFormer's and Llama 2's value, 500000 Llama 3's.").format(base=c.rope_base))
+    if c.rope_layout not in ROPE_LAYOUTS:
+        raise ValueError(_("rope_layout must be 'half' (pairs i, i + r/2: GPT-NeoX, Llama) or 'interleaved' (pairs 2i, 2i + 1: "
+                           "RoFormer, GPT-J), got {layout!r}").format(layout=c.rope_layout))
+    if c.rope_scaling is not None and c.rope_scaling not in ROPE_SCALINGS:
+        raise ValueError(_("rope_scaling must be None or one of {choices}, got {scaling!r}").format(choices=ROPE_SCALINGS,
+                                                                                                  scaling=c.rope_scaling))
+    if not c.rope_factor >= 1.0 or (c.rope_factor != 1.0 and c.rope_scaling is None):
+        raise ValueError(_("rope_factor={factor!r} stretches the trained length max_tokens by that factor: it must be >= 1 and "
+                           "comes with a rope_scaling ({choices}).").format(factor=c.rope_factor, choices=ROPE_SCALINGS))
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture of a :class:`tinytf.TinyLanguageModel` (used by :mod:`tinytf.memory` too).
@@ -119,7 +166,12 @@ class ModelConfig:
     ``kv_heads``: K/V heads, a divisor of ``heads`` (1 = multi-query; None = ``heads``, multi-head
     attention — a value equal to ``heads`` is stored as None, so the two configs are equal and a
     checkpoint saved before the field existed loads as what it was); :attr:`n_kv_heads` is the number;
-    ``window``: sliding-window attention over the last ``window`` tokens (None = full causal attention).
+    ``window``: sliding-window attention over the last ``window`` tokens (None = full causal attention);
+    ``positions``: where a token is — ``"learned"`` (a table of ``max_tokens`` rows, the default), ``"sinusoidal"``
+    (a fixed table), ``"rope"`` (q and k rotated, :mod:`tinytf.rope`), ``"alibi"`` (a linear bias, :mod:`tinytf.alibi`) or
+    ``"none"``. Only ``"learned"`` limits a sequence to ``max_tokens``; for the others it is the length trained on.
+    RoPE's own fields: ``rope_base``, ``rotary_dim`` (None = ``d_head``), ``rope_layout`` (``"half"`` or ``"interleaved"``),
+    ``rope_scaling`` (None, ``"linear"``, ``"ntk"``, ``"yarn"``) and ``rope_factor`` (the length multiple it stretches to).
     """
 
     vocab: int = 100
@@ -134,6 +186,12 @@ class ModelConfig:
     bias: bool = True
     kv_heads: int | None = None
     window: int | None = None
+    positions: str = "learned"
+    rope_base: float = 10000.0
+    rotary_dim: int | None = None
+    rope_layout: str = "half"
+    rope_scaling: str | None = None
+    rope_factor: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("vocab", "dim", "heads", "layers", "max_tokens", "expansion"):
@@ -152,6 +210,14 @@ class ModelConfig:
         object.__setattr__(self, "kv_heads", None if kv == self.heads else kv)  # canonical: MHA is None
         if self.window is not None:
             object.__setattr__(self, "window", check_window(self.window))
+        for name in ("rope_base", "rope_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(_("{name} must be a number, got {value!r}").format(name=name, value=value))
+            object.__setattr__(self, name, float(value))
+        if self.rotary_dim is not None:
+            object.__setattr__(self, "rotary_dim", _integer("rotary_dim", self.rotary_dim))
+        check_positions(self)
 
     @property
     def n_kv_heads(self) -> int:
@@ -162,6 +228,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """The width of one head: ``d_head = dim // heads``."""
         return self.dim // self.heads
+
+    @property
+    def rotary_width(self) -> int:
+        """The channels RoPE rotates per head: ``rotary_dim``, or ``d_head`` when it is None."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
     def to_dict(self) -> dict[str, Any]:
         """Plain ``{field: value}`` (ints, a float, strings, a bool, None): safe for JSON and ``weights_only``."""

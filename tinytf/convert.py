@@ -1,6 +1,8 @@
-"""Conversions that build a new model from a trained one: multi-head -> grouped-query attention.
+"""Conversions that build a new model from a trained one: multi-head -> grouped-query attention, and a RoPE
+model's interleaved layout -> the half-split one.
 
     qkv rows [W_q; W_k; W_v]:  [D + 2·kv_from·d, D]  --mean over each group of K/V heads-->  [D + 2·kv_to·d, D]
+    W_q, W_k rows of each head: channels (0, 1), (2, 3), …  --permuted-->  (0, r/2), (1, r/2 + 1), …
 
 :func:`to_grouped_query` averages the K/V projections of the heads that will share one K/V head (the
 initialisation of Ainslie et al., 2023, "GQA"); :func:`pool_kv_heads` is that pooling for one fused
@@ -11,12 +13,14 @@ initialisation of Ainslie et al., 2023, "GQA"); :func:`pool_kv_heads` is that po
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 
 from .lm import TinyLanguageModel
+from .rope import interleaved_to_half
 
-__all__ = ["to_grouped_query", "pool_kv_heads"]
+__all__ = ["to_grouped_query", "pool_kv_heads", "to_half_split"]
 
 
 def pool_kv_heads(w: torch.Tensor, dim: int, head_dim: int, kv_from: int, kv_to: int) -> torch.Tensor:
@@ -57,6 +61,29 @@ def to_grouped_query(model: TinyLanguageModel, kv_heads: int) -> TinyLanguageMod
     for name, tensor in state.items():
         if ".attn.qkv." in name:
             state[name] = pool_kv_heads(tensor, c.dim, c.head_dim, kv_from, kv_heads)
+    new.load_state_dict(state)
+    new.train(model.training)
+    return new
+
+
+def to_half_split(model: TinyLanguageModel) -> TinyLanguageModel:
+    """A copy of a RoPE ``model`` built with ``rope_layout="interleaved"`` (RoFormer, GPT-J) that uses the half-split
+    layout (GPT-NeoX, Llama) and computes the same logits: the rows of ``W_q`` and ``W_k`` (weights and biases) are
+    permuted inside every head by :func:`tinytf.rope.half_order`; ``W_v`` and everything else are copied. Loading the
+    weights without the permutation runs without an error and computes something else (chapter 13's pitfall)."""
+    c = model.config
+    if c.positions != "rope" or c.rope_layout != "interleaved":
+        raise ValueError(f"to_half_split converts a RoPE model with rope_layout='interleaved'; this one has positions={c.positions!r}"
+                         + (f", rope_layout={c.rope_layout!r}" if c.positions == "rope" else "") + ": there is nothing to convert.")
+    p = next(model.parameters())
+    new = TinyLanguageModel(dataclasses.replace(c, rope_layout="half")).to(device=p.device, dtype=p.dtype)
+    state = copy.deepcopy(model.state_dict())
+    kv_dim = c.n_kv_heads * c.head_dim
+    for name, tensor in state.items():
+        if ".attn.qkv." in name:
+            w_q, w_k, w_v = tensor.split([c.dim, kv_dim, kv_dim])
+            state[name] = torch.cat([interleaved_to_half(w_q, c.heads, c.head_dim, c.rotary_dim),
+                                     interleaved_to_half(w_k, c.n_kv_heads, c.head_dim, c.rotary_dim), w_v])
     new.load_state_dict(state)
     new.train(model.training)
     return new

@@ -1,14 +1,17 @@
-"""Choosing a device without ever calling a CUDA-only function on a machine that lacks CUDA."""
+"""Choosing a device without ever calling a CUDA-only function on a machine that lacks CUDA, and the CPU's
+intra-op thread count for a block of work (:func:`intra_op_threads`)."""
 
 from __future__ import annotations
 
 import os
 import platform
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
-__all__ = ["pick_device", "describe_device", "synchronize", "cuda_available"]
+__all__ = ["pick_device", "describe_device", "synchronize", "cuda_available", "intra_op_threads"]
 
 ENV_VAR = "TINYTF_DEVICE"
 
@@ -72,3 +75,21 @@ def synchronize(device: str | torch.device) -> None:
         torch.cuda.synchronize(dev)
     elif dev.type == "mps" and _mps_available():
         torch.mps.synchronize()
+
+
+@contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """Run the ``with`` block with ``threads`` intra-op CPU threads (``torch.set_num_threads``), then restore the previous
+    setting; ``None`` changes nothing. Tiny ops (a decode step of a small model) are faster on one thread: more threads
+    spend their time waiting for each other, and far more so on a machine that is busy with other work (chapter 13)."""
+    if threads is None:
+        yield
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None (keep torch's setting), got {threads!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -15,6 +15,7 @@ import warnings
 import torch
 from torch import nn
 
+from .device import intra_op_threads
 from .kvcache import KVCache
 from .rolling import RollingKVCache
 
@@ -45,7 +46,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, 1, generator=generator)
 
 
-def _check_request(ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None, limit: int) -> None:
+def _check_request(ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None, limit: int | None) -> None:
     """``ValueError`` naming the problem with a :func:`generate` call (its prompt, sizes or sampling)."""
     if ids.dim() != 2:
         raise ValueError(f"generate expects ids [B, T], got shape {list(ids.shape)} (add a batch axis with ids[None])")
@@ -57,7 +58,7 @@ def _check_request(ids: torch.Tensor, max_new_tokens: int, temperature: float, t
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if ids.size(1) > limit:
+    if limit is not None and ids.size(1) > limit:
         raise ValueError(f"the prompt has {ids.size(1)} tokens but max_tokens={limit}; keep its last {limit} tokens")
 
 
@@ -70,32 +71,41 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    threads: int | None = 1,
 ) -> torch.Tensor:
     """Extend ids ``[B, T]`` by up to ``max_new_tokens`` tokens -> ``[B, T + n]``.
 
     ``use_cache=True``: one prefill over the prompt, then one decode step per token that computes
     q/k/v for the new token only. ``use_cache=False``: recompute the whole prefix every step (the
     slow reference). ``temperature=0`` is greedy; ``top_k`` keeps the k most likely tokens.
-    Generation stops at the model's ``max_tokens`` with a warning that says so. A model with a
-    sliding window (``config.window``) decodes with a :class:`tinytf.RollingKVCache`: its memory
-    stays at ``window`` tokens, but the learned position table still has ``max_tokens`` rows, so the
-    same limit holds (a model with relative positions, such as RoPE, would not have it).
+    With learned positions generation stops at the model's ``max_tokens`` (the rows of its position
+    table) with a warning that says so. Other positions (sinusoidal, RoPE, ALiBi, none) have no such
+    row limit: ``max_tokens`` is then the length the model was trained on, not a bound. A model with a
+    sliding window (``config.window``) decodes with a :class:`tinytf.RollingKVCache`, whose memory
+    stays at ``window`` tokens however long the generation runs; with RoPE or ALiBi it can generate
+    past ``max_tokens`` with flat memory.
+
+    ``threads``: the CPU intra-op threads for the call, **1 by default**. A decode step is a few dozen tiny ops; on
+    more threads they wait for each other, and on a busy machine far longer (chapter 13 and ``benchmarks/decode_threads.py``
+    measure it). ``None`` keeps torch's setting (a big model or a long prompt,
+    whose matrix products are large enough to share). On a GPU it changes nothing that matters.
     """
-    limit, window = model.config.max_tokens, model.config.window
+    window = model.config.window
+    limit = model.config.max_tokens if model.config.positions == "learned" else None
     _check_request(ids, max_new_tokens, temperature, top_k, limit)
-    n = min(max_new_tokens, limit - ids.size(1))
+    n = max_new_tokens if limit is None else min(max_new_tokens, limit - ids.size(1))
     if n < max_new_tokens:
         warnings.warn(
             f"generate: stopping after {n} new tokens instead of {max_new_tokens}: the prompt "
             f"({ids.size(1)}) plus new tokens reach the model's max_tokens={limit}"
             + (f" (the rolling cache bounds memory to window={window} tokens, not positions: the learned position "
-               f"table has {limit} rows)." if window is not None else "."),
+               f"table has {limit} rows; positions='rope' or 'alibi' have no such limit)." if window is not None else "."),
             stacklevel=2,
         )
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), intra_op_threads(threads):
             t0 = ids.size(1)
             out = torch.empty(ids.size(0), t0 + n, dtype=ids.dtype, device=ids.device)  # [B, T + n], filled in place
             out[:, :t0] = ids

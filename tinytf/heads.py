@@ -16,11 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .alibi import alibi_bias, alibi_slopes, allowed_keys
 from .attention import check_mask, scaled_dot_product_attention
 from .config import ModelConfig, module_config
 from .grouped import repeat_kv
 from .masks import causal_mask
 from .rolling import RollingKVCache
+from .rope import RotaryEmbedding
 from .tiled import tiled_attention
 from .translation import gettext as _
 
@@ -108,11 +110,13 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None,
         is_causal: bool,
         return_weights: bool = False,
+        bias: torch.Tensor | None = None,
     ):
         """Attention over heads: q ``[B, H, Tq, d]``, k/v ``[B, kv_heads, Tk, d]`` -> ``[B, H, Tq, d]``.
 
         The fused kernel shares the K/V heads itself (``enable_gqa``); the explicit and the tiled
-        attention get them repeated once per query head (:func:`tinytf.grouped.repeat_kv`)."""
+        attention get them repeated once per query head (:func:`tinytf.grouped.repeat_kv`). ``bias`` (float,
+        broadcastable to ``[B, H, Tq, Tk]``, e.g. ALiBi's) is added to the scores; the tiled attention takes none."""
         p = self.dropout if self.training else 0.0
         if return_weights and self.backend != "explicit":
             raise ValueError(
@@ -134,11 +138,14 @@ class MultiHeadAttention(nn.Module):
                 causal = causal_mask(t_q, t_k, device=q.device)
                 mask = causal if mask is None else mask & causal
                 is_causal = False
+            if bias is not None:  # one float attn_mask: the bias where allowed, -inf where blocked
+                bias = bias.to(q.dtype)
+                mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal, enable_gqa=self.groups > 1
             )
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # [B, H, Tk, d]
-        out, weights = scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, return_weights=True)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, return_weights=True, bias=bias)
         if p > 0.0:
             weights = self.attn_drop(weights)
             out = weights @ v
@@ -185,7 +192,11 @@ class CausalSelfAttention(MultiHeadAttention):
     included (:func:`tinytf.causal_mask`); such a layer also runs with a :class:`tinytf.RollingKVCache`
     of the same window, which keeps only ``window`` tokens.
 
-    ``CausalSelfAttention(config)`` reads ``max_tokens`` and ``window`` from the config too.
+    ``CausalSelfAttention(config)`` reads ``max_tokens``, ``window`` and ``positions`` from the config too. With
+    ``positions="rope"`` q and k are rotated at their absolute positions (:class:`tinytf.rope.RotaryEmbedding`) —
+    the keys *before* they are cached, a decode step's query at ``past``; with ``"alibi"`` each head's scores get
+    ``-m_h · distance`` (:mod:`tinytf.alibi`). The other choices act on the model's input, not here. ``max_tokens``
+    limits a sequence only for learned positions.
     """
 
     def __init__(
@@ -205,11 +216,14 @@ class CausalSelfAttention(MultiHeadAttention):
         super().__init__(c)
         self.max_tokens = c.max_tokens
         self.window = c.window
+        self.positions = c.positions
+        self.rope = RotaryEmbedding(c) if c.positions == "rope" else None
+        self.alibi_slopes = alibi_slopes(c.heads) if c.positions == "alibi" else None  # float32 [H], not a parameter
 
     def _check_cache(self, cache: KVCache | None, layer: int, x: torch.Tensor, mask: torch.Tensor | None) -> None:
         """``ValueError`` if x's tokens exceed ``max_tokens`` or the cache does not suit this layer."""
         past, t = (0 if cache is None else cache.lengths[layer]), x.size(1)
-        if past + t > self.max_tokens:
+        if past + t > self.max_tokens and self.positions == "learned":
             raise ValueError(
                 (_("sequence of {n} tokens (x {x_shape} after {past} cached) is longer than max_tokens={max_tokens}. ") if past else
                  _("sequence of {n} tokens (x {x_shape}) is longer than max_tokens={max_tokens}. ")).format(
@@ -238,31 +252,67 @@ class CausalSelfAttention(MultiHeadAttention):
         cache: KVCache | None = None,
         layer: int = 0,
         return_weights: bool = False,
+        positions: torch.Tensor | None = None,
     ):
         """x ``[B, T, D]`` -> ``[B, T, D]``. ``mask`` (optional, e.g. padding ``[B, 1, 1, Tk]``) is
-        combined with the causal (and window) mask. With ``cache``, x holds only the new tokens."""
+        combined with the causal (and window) mask. With ``cache``, x holds only the new tokens.
+        ``positions`` ``[B, T]`` (RoPE and ALiBi; without a cache): each token's position, e.g. counted from the first
+        real token of a left-padded sequence; by default ``past … past + T - 1``."""
         self._check_input(x)
-        b, t, _ = x.shape
+        b, t = x.shape[:2]
         self._check_cache(cache, layer, x, mask)
+        if positions is not None and cache is not None:
+            raise ValueError(_("positions=[B, T] works without a cache; with a cache the positions are counted by it "
+                               "(cache.lengths). Generate the sequences of a left-padded batch one by one, or without the cache."))
+        past = 0 if cache is None else cache.lengths[layer]
         q, k, v = self.project(x)  # q [B, H, T, d_head], k, v [B, kv_heads, T, d_head]
+        if self.rope is not None:  # keys rotated at their absolute positions BEFORE they are cached; a decode query at `past`
+            q, k = self.rope(q, k, start=past, positions=positions)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # [B, kv_heads, Tk, d_head]: the cached keys, then the new ones
         t_k = k.size(-2)
         if mask is not None:
             check_mask(mask, (b, self.heads, t, t_k))
+        if self.alibi_slopes is not None:
+            res = self._alibi_attend(q, k, v, mask, cache, layer, positions, return_weights)
+        else:
+            res = self._causal_attend(q, k, v, mask, cache, return_weights)
+        if return_weights:
+            out, weights = res
+            return self.proj(self.merge_heads(out)), weights
+        return self.proj(self.merge_heads(res))
+
+    def _causal_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                       cache: KVCache | None, return_weights: bool):
+        """Causal (and windowed) attention of q ``[B, H, T, d]`` over k, v ``[B, kv_heads, Tk, d]``."""
+        t, t_k = q.size(-2), k.size(-2)
         if self.window is not None and t_k > self.window:  # the newest query alone sees t_k keys causally
             # some query has keys older than the window: mask them out
-            band = causal_mask(t, t_k, window=self.window, device=x.device)  # [T, Tk], end-aligned
+            band = causal_mask(t, t_k, window=self.window, device=q.device)  # [T, Tk], end-aligned
             mask = band if mask is None else mask & band
         # One query (a decode step) is the newest token: the end-aligned causal mask (within the window)
         # lets it see every key it is given, so no mask is built or applied on the hot decode path.
         if cache is not None and t == 1 and mask is None and not return_weights and not (self.training and self.dropout > 0):
             # Decode fast path, whatever the backend: softmax(q kᵀ / sqrt(d)) v for one query is the same
             # math in the fused kernel, in one call instead of several ops per layer and token.
-            res = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.groups > 1)
-        else:
-            res = self.attend(q, k, v, mask, t > 1, return_weights)
-        if return_weights:
-            out, weights = res
-            return self.proj(self.merge_heads(out)), weights
-        return self.proj(self.merge_heads(res))
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=self.groups > 1)
+        return self.attend(q, k, v, mask, t > 1, return_weights)
+
+    def _alibi_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                      cache: KVCache | None, layer: int, positions: torch.Tensor | None, return_weights: bool):
+        """ALiBi: the scores get ``-m_h · (p_i - p_j)`` from the absolute positions of queries and keys (the cache's
+        keys may come in ring order: :meth:`tinytf.KVCache.key_positions` says where each one is)."""
+        t = q.size(-2)
+        past = 0 if cache is None else cache.lengths[layer] - t
+        q_pos = torch.arange(past, past + t, device=q.device) if positions is None else positions  # [T] or [B, T]
+        k_pos = q_pos if cache is None else cache.key_positions(layer, t, device=q.device)  # [Tk] or [B, Tk]
+        bias = alibi_bias(self.alibi_slopes, q_pos, k_pos)  # [H, T, Tk] or [B, H, T, Tk], float32
+        if bias.dim() == 3:  # [1, H, T, Tk]: PyTorch's fused CPU kernel takes a 4-D float mask, a 3-D one falls back to math
+            bias = bias[None]
+        if cache is not None and t == 1 and mask is None and not return_weights and not (self.training and self.dropout > 0):
+            # decode: every key a cache returns may be seen (within the window), so the bias is the whole attn_mask
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=self.groups > 1)
+        allowed = allowed_keys(q_pos, k_pos, window=self.window).unsqueeze(-3)  # [1, T, Tk] or [B, 1, T, Tk]
+        allowed = allowed if allowed.dim() == 4 else allowed[None]  # [1, 1, T, Tk]
+        mask = allowed if mask is None else mask & allowed
+        return self.attend(q, k, v, mask, False, return_weights, bias=bias)

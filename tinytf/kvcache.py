@@ -113,6 +113,11 @@ class KVCache:
         self.lengths[layer] = past + t
         return k_buf.narrow(2, 0, past + t), v_buf.narrow(2, 0, past + t)  # views, no copy
 
+    def key_positions(self, layer: int, t: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """The absolute position of each key the last :meth:`update` of ``layer`` (with ``t`` new tokens) returned,
+        ``[Tk]`` (int64): ``0 … lengths[layer] - 1`` here, in time order. What a bias by distance (ALiBi) needs."""
+        return torch.arange(self.lengths[layer], device=device)
+
     def __repr__(self) -> str:
         layers, b, h, cap, d = self.shape
         return f"KVCache(layers={layers}, B={b}, kv_heads={h}, max_tokens={cap}, d_head={d}, seen={self.seen}, dtype={self.k.dtype})"

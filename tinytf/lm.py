@@ -1,6 +1,9 @@
 """A tiny decoder-only language model, its next-token loss, and one training step.
 
     ids [B, T] -> token [B, T, D] + position [1, T, D] -> blocks [B, T, D] -> norm -> lm_head [B, T, V]
+
+The position term is the learned table (``positions="learned"``, the seed's) or the fixed sinusoidal one; with
+``"rope"`` and ``"alibi"`` positions act inside every attention layer instead, with ``"none"`` nowhere.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from torch import nn
 
 from .block import TransformerBlock
 from .config import ModelConfig
+from .sinusoidal import SinusoidalPositions
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kvcache import KVCache
@@ -24,6 +28,10 @@ __all__ = ["TinyLanguageModel", "lm_loss", "train_step"]
 
 class TinyLanguageModel(nn.Module):
     """Decoder-only LM with submodules ``token``, ``position``, ``blocks``, ``norm``, ``lm_head``.
+
+    ``position`` is the learned table ``nn.Embedding(max_tokens, D)`` for ``positions="learned"``, a parameter-free
+    :class:`tinytf.sinusoidal.SinusoidalPositions` for ``"sinusoidal"``, and None otherwise (RoPE and ALiBi act in the
+    attention layers; ``"none"`` has no positions at all).
 
     Built from a :class:`tinytf.ModelConfig` (``TinyLanguageModel(config)``, keywords override its
     fields), from keywords or positional sizes (``TinyLanguageModel(vocab=100, dim=32, heads=4)``,
@@ -36,7 +44,12 @@ class TinyLanguageModel(nn.Module):
         c = self.config = _resolve_config(config, sizes, fields)
         self.max_tokens = c.max_tokens
         self.token = nn.Embedding(c.vocab, c.dim)
-        self.position = nn.Embedding(c.max_tokens, c.dim)
+        if c.positions == "learned":
+            self.position = nn.Embedding(c.max_tokens, c.dim)
+        elif c.positions == "sinusoidal":
+            self.position = SinusoidalPositions(c.dim)
+        else:
+            self.position = None  # RoPE and ALiBi act inside attention; "none" has no positions
         self.blocks = nn.ModuleList(TransformerBlock(c) for _ in range(c.layers))
         self.norm = nn.LayerNorm(c.dim)
         self.lm_head = nn.Linear(c.dim, c.vocab, bias=False)
@@ -46,29 +59,40 @@ class TinyLanguageModel(nn.Module):
         """A fresh model from a :class:`ModelConfig` or its ``to_dict()`` (missing fields: defaults)."""
         return cls(config if isinstance(config, ModelConfig) else ModelConfig.from_dict(config))
 
-    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None, *,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """ids ``[B, T]`` (int) -> logits ``[B, T, vocab]``.
 
         With ``cache`` (a :class:`tinytf.KVCache`), ``ids`` are the *new* tokens only: a prefill
         writes a whole prompt, a decode step one token; positions continue from ``cache.seen``.
+        ``positions`` ``[B, T]`` (without a cache): each token's position, e.g. counted from the first real token of a
+        left-padded sequence (:func:`tinytf.masks.padded_positions`); by default ``0 … T - 1``. Only learned positions
+        stop at ``max_tokens``.
         """
         if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise ValueError(f"ids must be an integer tensor [B, T], got {ids.dtype} of shape {list(ids.shape)}")
+        if positions is not None and (positions.shape != ids.shape or positions.is_floating_point()):
+            raise ValueError(f"positions must be integers of the shape of ids {list(ids.shape)}, got {positions.dtype} "
+                             f"{list(positions.shape)}")
         b, t = ids.shape
         start = 0 if cache is None else cache.seen
-        if start + t > self.max_tokens:
+        last = start + t if positions is None else int(positions.max()) + 1
+        if last > self.max_tokens and self.config.positions == "learned":
             raise ValueError(
-                f"{start + t} positions (ids {list(ids.shape)}"
+                f"{last} positions (ids {list(ids.shape)}"
                 + (f" after {start} cached" if start else "")
                 + f") exceed max_tokens={self.max_tokens}, the size of the position table. "
-                f"Keep only the last {self.max_tokens} tokens or build the model with a larger max_tokens."
-                + (" A sliding window and its rolling cache bound the memory, not the positions: every token still "
-                   "needs a row of the learned position table." if self.config.window is not None else "")
+                f"Keep only the last {self.max_tokens} tokens or build the model with a larger max_tokens"
+                + (" (or relative positions: positions='rope' or 'alibi')." if self.config.window is None else
+                   ". A sliding window and its rolling cache bound the memory, not the positions: every token still "
+                   "needs a row of the learned position table; relative positions (positions='rope' or 'alibi') do not.")
             )
-        positions = torch.arange(start, start + t, device=ids.device)[None, :]  # [1, T]
-        x = self.token(ids) + self.position(positions)  # [B, T, D]
+        x = self.token(ids)  # [B, T, D]
+        if self.position is not None:
+            at = torch.arange(start, start + t, device=ids.device)[None, :] if positions is None else positions  # [1 or B, T]
+            x = x + self.position(at).to(x.dtype)  # [B, T, D]
         for i, block in enumerate(self.blocks):
-            x = block(x, mask, cache=cache, layer=i)
+            x = block(x, mask, cache=cache, layer=i, positions=positions)
         return self.lm_head(self.norm(x))  # [B, T, V]
 
 

@@ -10,7 +10,7 @@ import torch
 from .config import check_window
 from .translation import gettext as _
 
-__all__ = ["causal_mask", "padding_mask", "check_causal_sizes"]
+__all__ = ["causal_mask", "padding_mask", "padded_positions", "check_causal_sizes"]
 
 
 def causal_mask(
@@ -81,3 +81,11 @@ def padding_mask(
     else:
         keep = pos[None, :] >= (t - lengths)[:, None]  # [B, t]
     return keep[:, None, None, :]  # [B, 1, 1, t]
+
+
+def padded_positions(lengths: Sequence[int] | torch.Tensor, t: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Position ids ``[B, t]`` (int64) of a left-padded batch: ``lengths[b]`` real tokens at the end of row ``b``,
+    numbered ``0 … lengths[b] - 1``; the pads in front get 0 (they are masked anyway). Without them the first real
+    token of a short sequence would sit at position ``t - lengths[b]`` — absolute positions see that offset."""
+    keep = padding_mask(lengths, t, side="left", device=device)[:, 0, 0, :]  # [B, t]
+    return (keep.long().cumsum(-1) - 1).clamp(min=0)

@@ -37,7 +37,8 @@ def parameter_count(model_config: Any) -> tuple[int, int]:
 
     Per block: ``qkv 3D²+3D``, ``proj D²+D``, two LayerNorms ``4D``, FFN ``2·D·F + F + D`` (F = eD);
     with ``kv_heads`` K/V heads ``qkv`` is ``D·Q + Q``, ``Q = D + 2·kv_heads·d_head``;
-    plus token ``V·D`` and position ``T_max·D`` tables, the final LayerNorm ``2D`` and ``lm_head D·V``.
+    plus token ``V·D`` and position ``T_max·D`` tables (the position table only for ``positions="learned"``: sinusoidal,
+    RoPE and ALiBi positions have no parameters), the final LayerNorm ``2D`` and ``lm_head D·V``.
     With ``bias=False`` the four Linear layers of a block lose their biases (``3D + D + F + D``);
     the LayerNorms keep theirs.
     """
@@ -47,8 +48,9 @@ def parameter_count(model_config: Any) -> tuple[int, int]:
     bias = c.bias
     linear_biases = (qkv + d + f + d) if bias else 0
     block = (qkv * d + d * d + 2 * d * f) + linear_biases + 4 * d
-    scalars = c.vocab * d + c.max_tokens * d + c.layers * block + 2 * d + d * c.vocab
-    tensors = (12 if bias else 8) * c.layers + 5  # per block 4 Linear weights (+4 biases), 2 LayerNorms w/b; + 5 outside
+    learned = c.positions == "learned"
+    scalars = c.vocab * d + (c.max_tokens * d if learned else 0) + c.layers * block + 2 * d + d * c.vocab
+    tensors = (12 if bias else 8) * c.layers + 4 + learned  # per block 4 Linear weights (+4 biases), 2 LayerNorms w/b; + 4 or 5 outside
     return scalars, tensors
 
 

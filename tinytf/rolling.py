@@ -90,6 +90,17 @@ class RollingKVCache(KVCache):
         self.lengths[layer] = past + t
         return k_all, v_all
 
+    def key_positions(self, layer: int, t: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """The absolute position of each key the last :meth:`update` of ``layer`` (``t`` new tokens) returned, ``[Tk]``:
+        for a decode step (``t == 1``) in ring order — slot ``s`` holds the latest position ``p <= seen - 1`` with
+        ``p % W == s`` —, for a prefill the kept tokens then the new ones, in time order."""
+        seen, w = self.lengths[layer], self.window
+        if t == 1:
+            slots = torch.arange(min(seen, w), device=device)
+            return (seen - 1) - (seen - 1 - slots) % w
+        past = seen - t
+        return torch.arange(past - min(past, w), seen, device=device)
+
     def __repr__(self) -> str:
         layers, b, h, w, d = self.shape
         return f"RollingKVCache(layers={layers}, B={b}, kv_heads={h}, window={w}, d_head={d}, seen={self.seen}, dtype={self.k.dtype})"

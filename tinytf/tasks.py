@@ -1,4 +1,4 @@
-"""Tiny synthetic tasks a model can only solve with attention: copying.
+"""Tiny synthetic tasks a model can only solve with attention: copying, and looking a fixed distance back.
 
     ids     = x_1 … x_L  SEP  x_1 … x_L                      [B, 2L + 1]
     targets = ids[:, 1:] with the first L entries ignored    [B, 2L]
@@ -7,6 +7,11 @@ After the separator, the token at position ``L + i`` must be ``x_i``, a random s
 positions earlier. An MLP applied to each position on its own cannot know it; attention can look
 it up. The first half is random, so its targets are unpredictable and are ignored in the loss
 (``IGNORE_INDEX``, the default ``ignore_index`` of ``F.cross_entropy``).
+
+    lag task:  ids = x_0 … x_{T-1} (random symbols),  at position t the answer is x_{t - lag}    [B, T - 1]
+
+The lag task needs *relative* positions: the same lookup at every position, at any length, so a model trained
+on short sequences can be evaluated on longer ones (chapter 13's length extrapolation).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["IGNORE_INDEX", "SEP", "copy_batch", "copy_loss", "token_accuracy"]
+__all__ = ["IGNORE_INDEX", "SEP", "copy_batch", "lag_batch", "copy_loss", "token_accuracy"]
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 SEP = 0  # the separator token; symbols are 1 … vocab - 1
@@ -45,11 +50,32 @@ def copy_batch(
     return ids.to(device), targets.to(device)
 
 
+def lag_batch(
+    batch: int,
+    length: int,
+    vocab: int,
+    lag: int,
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of the lag task: ids ``[B, T]`` (random symbols ``1 … vocab - 1``) and targets ``[B, T - 1]`` where
+    ``targets[:, t] = ids[:, t - lag]`` — what ``logits[:, t]`` must output — and ``IGNORE_INDEX`` for ``t < lag``."""
+    if batch < 1 or not 1 <= lag < length - 1:
+        raise ValueError(f"lag_batch needs batch >= 1 and 1 <= lag < length - 1, got batch={batch}, length={length}, lag={lag}")
+    if vocab < 3:
+        raise ValueError(f"lag_batch needs vocab >= 3 (symbols 1 … vocab - 1), got {vocab}")
+    ids = torch.randint(1, vocab, (batch, length), generator=generator)  # [B, T]
+    targets = torch.full((batch, length - 1), IGNORE_INDEX, dtype=ids.dtype)  # [B, T - 1]
+    targets[:, lag:] = ids[:, : length - 1 - lag]  # row t answers ids[t - lag]
+    return ids.to(device), targets.to(device)
+
+
 def copy_loss(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor,
               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy of a language model on a copy batch, and the logits it scored.
+    """Cross-entropy of a language model on a copy (or lag) batch, and the logits it scored.
 
-    ids: [B, 2L + 1], targets: [B, 2L] (from :func:`copy_batch`); returns the mean loss over the copied
+    ids: [B, 2L + 1], targets: [B, 2L] (from :func:`copy_batch`; :func:`lag_batch`'s pair fits too); returns the mean loss over the copied
     half and logits ``[B, 2L, V]`` (row t predicts ``ids[:, t + 1]``) — chapter 07 writes it out."""
     if targets.shape != (ids.size(0), ids.size(1) - 1):
         raise ValueError(f"copy_loss expects targets [B, T - 1] for ids [B, T], got ids {list(ids.shape)} and targets "

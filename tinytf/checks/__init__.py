@@ -10,10 +10,11 @@ the message says which inputs show it.
 
 ``Finding.pitfall`` is a :class:`Pitfall` from the catalog (:mod:`tinytf.checks.catalog`), the one
 place that names, teaches and fixes each mistake; ``int(pitfall)`` is its number: 1-14 in chapter 08,
-15-18 in chapter 10, 19-20 in chapter 11, 21-29 in chapter 12, 40-44 in chapter 14 (``Pitfall.GENERAL`` = 0:
-the code raised, returned the wrong type, changed its inputs, ...). ``glance_table()`` is chapter 08's table of its
-fourteen (``chapter="10"``: tiled attention's, ``chapter="11"``: grouped-query attention's and the sliding window's,
-``chapter="14"``: half precision's); ``catalog_markdown()`` is every chapter's table, one heading each.
+15-18 in chapter 10, 19-20 in chapter 11, 21-29 in chapter 12, 30-36 in chapter 13, 40-44 in chapter 14
+(``Pitfall.GENERAL`` = 0: the code raised, returned the wrong type, changed its inputs, ...). ``glance_table()`` is
+chapter 08's table of its fourteen (``chapter="10"``: tiled attention's, ``chapter="11"``: grouped-query attention's
+and the sliding window's, ``chapter="14"``: half precision's); ``catalog_markdown()`` is every chapter's table, one
+heading each.
 
 Usage::
 
@@ -28,7 +29,8 @@ Layout: ``catalog`` (the pitfalls), ``findings`` (Finding, report), ``probe`` (s
 tiled and causal-tiled attention), ``grouped`` (K/V head sharing), ``window`` (sliding-window masks),
 ``parallel`` (attention split across processes), ``context`` (Ulysses, the overlapped ring, sequence
 parallelism's replicated gradients, grouped-query K/V on the ring), ``precision`` (half precision, masks, loss
-scaling, compiled timings).
+scaling, compiled timings), ``rope`` (the rotation, a cached RoPE
+step) and ``positions`` (ALiBi's bias, a left-padded batch's positions).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from .grouped import diagnose_expand_kv, diagnose_kv_grouping
 from .loss import diagnose_lm_loss
 from .masks import diagnose_causal_mask
 from .parallel import diagnose_qkv_split, diagnose_replicated, diagnose_ring_attention, diagnose_row_parallel
+from .positions import diagnose_alibi, diagnose_padded_positions
 from .precision import diagnose_grad_underflow, diagnose_half_attention, diagnose_masked_rows, diagnose_timings
+from .rope import diagnose_rope, diagnose_rope_decode
 from .tiled import diagnose_online_softmax, diagnose_tiled_attention
 from .tiled_causal import diagnose_causal_tiles
 from .window import diagnose_window
@@ -80,4 +84,8 @@ __all__ = [
     "diagnose_overlapped_ring",
     "diagnose_replicated_grads",
     "diagnose_ring_traffic",
+    "diagnose_rope",
+    "diagnose_rope_decode",
+    "diagnose_alibi",
+    "diagnose_padded_positions",
 ]

@@ -4,8 +4,8 @@ Chapter 08's "at a glance" table, every ``diagnose_*`` finding, ``tinytf validat
 exercises' feedback read from here. Refer to a pitfall by name (``Pitfall.SCALE``), never by a
 bare number; the numbers are the article's list (chapter 08's sections, 1-14), kept for readers, then
 chapter 10's tiled-attention pitfalls (15-18), chapter 11's smaller-KV-cache pitfalls (19-20), chapter 12's
-pitfalls of attention split across processes (21-29) and chapter 14's of half precision, loss scaling and
-compiled timings (40-44).
+pitfalls of attention split across processes (21-29), chapter 13's pitfalls of positions (30-36) and chapter
+14's of half precision, loss scaling and compiled timings (40-44).
 ``glance_table()`` lists one chapter's pitfalls (chapter 08's fourteen by default); ``catalog_markdown()`` every
 chapter's, under a heading each (the book's pitfall page; chapter 08 lists the later chapters' with it).
 """
@@ -23,8 +23,8 @@ __all__ = ["Pitfall", "Entry", "CATALOG", "PITFALLS", "glance_table", "chapters_
 
 class Pitfall(IntEnum):
     """A classic mistake; ``int(p)`` is its number: 1-14 in chapter 08, 15-18 in chapter 10 (tiled attention),
-    19-20 in chapter 11 (smaller KV caches), 21-29 in chapter 12 (attention across processes), 40-44 in chapter 14
-    (precision and profiling), 0 = a general problem that is none of them."""
+    19-20 in chapter 11 (smaller KV caches), 21-29 in chapter 12 (attention across processes), 30-36 in chapter 13
+    (positions: RoPE, ALiBi), 40-44 in chapter 14 (precision and profiling), 0 = a general problem that is none of them."""
 
     GENERAL = 0
     SCALE = 1
@@ -56,6 +56,13 @@ class Pitfall(IntEnum):
     RING_BUFFER_REUSED = 27
     SP_GRADS_NOT_REDUCED = 28
     KV_EXPANDED_BEFORE_RING = 29
+    ROPE_LAYOUT = 30
+    ROPE_ON_V = 31
+    DECODE_AT_ZERO = 32
+    KEYS_ROTATED_TWICE = 33
+    LOW_PRECISION_ANGLES = 34
+    LEFT_PAD_OFFSET = 35
+    ALIBI_BIAS = 36
     UNSCALED_HALF_SCORES = 40
     HALF_SOFTMAX_NO_MAX = 41
     EMPTY_ROW_INF_MASK = 42
@@ -117,6 +124,7 @@ _S = "08_pitfalls.ipynb § Pitfall "
 _T = "10_tiled_attention.ipynb § "
 _K = "11_smaller_kv_caches.ipynb § "
 _P = "12_attention_across_processes.ipynb § "
+_R = "13_positions.ipynb § 9. Pitfalls"
 _H = "14_precision_and_profiling.ipynb § "
 CATALOG: dict[Pitfall, Entry] = {
     Pitfall.GENERAL: Entry(
@@ -217,6 +225,36 @@ CATALOG: dict[Pitfall, Entry] = {
         N_("dropout with unsynchronised RNG across tensor-parallel ranks"), "residual dropout seeded differently per rank",
         _P + "10. What breaks", N_("activations that every rank should hold identically drift apart"), "`diagnose_replicated`",
         N_("seed the RNG identically on the tensor-parallel ranks for dropout on replicated tensors")),
+    Pitfall.ROPE_LAYOUT: Entry(
+        N_("RoPE's layout mixed up: interleaved pairs where half-split ones are meant, or the reverse"),
+        "interleaved pairs `(2i, 2i+1)` vs half-split `(i, i+r/2)`", _R,
+        N_("no error, fluent garbage: the weights were trained with the other pairing"), "`diagnose_rope`",
+        N_("use the layout the weights were trained with, or permute W_q and W_k inside each head (`to_half_split`)")),
+    Pitfall.ROPE_ON_V: Entry(
+        N_("v rotated: RoPE applied to the values"), "RoPE on `v`", _R,
+        N_("outputs drift with the absolute position; relative positions no longer cancel"), "`diagnose_rope_decode`",
+        N_("rotate q and k only; v stays as projected")),
+    Pitfall.DECODE_AT_ZERO: Entry(
+        N_("a decode step rotated at position 0 instead of its absolute position"), "decode query (or key) rotated at 0, not `past`",
+        _R, N_("cached generation differs from recomputation from the first decoded token on"), "`diagnose_rope`, `diagnose_rope_decode`",
+        N_("rotate the new tokens at positions past … past + t - 1 (past = tokens already cached)")),
+    Pitfall.KEYS_ROTATED_TWICE: Entry(
+        N_("cached keys rotated twice, or rotated only after caching"), "cached keys rotated again on every step", _R,
+        N_("right for the prompt, wrong once keys come back out of the cache"), "`diagnose_rope_decode`",
+        N_("rotate each key once, at its absolute position, before it is written to the cache")),
+    Pitfall.LOW_PRECISION_ANGLES: Entry(
+        N_("RoPE angles computed in bf16 or fp16"), "angles `position · θ` in bf16/fp16", _R,
+        N_("right for short sequences, whole radians off at position ~4096"), "`diagnose_rope`",
+        N_("build position · θ, cos and sin in float32; cast only the tables to the model's dtype")),
+    Pitfall.LEFT_PAD_OFFSET: Entry(
+        N_("positions counted from the pads of a left-padded batch"), "left pads shift the positions of the real tokens", _R,
+        N_("a short sequence gives other logits in a padded batch than alone (learned or sinusoidal positions)"),
+        "`diagnose_padded_positions`",
+        N_("number each row's real tokens 0, 1, 2 … from its first real token (`padded_positions`)")),
+    Pitfall.ALIBI_BIAS: Entry(
+        N_("ALiBi's bias with the wrong sign, slopes or alignment"), "ALiBi bias `+m·d`, wrong slopes, or start-aligned", _R,
+        N_("far keys favoured, heads with the wrong reach, or a decode step biased as if at position 0"), "`diagnose_alibi`",
+        N_("bias[h, i, j] = -m_h · (p_i - j) with p_i = t_k - t_q + i and m_h = 2^(-8(h+1)/H)")),
     Pitfall.UNSCALED_HALF_SCORES: Entry(
         N_("fp16 scores overflow: 1/sqrt(d) applied after q @ kᵀ, or not at all"), "fp16 `q @ kᵀ` before its `1/sqrt(d)`",
         _H + "2. Scores that overflow", N_("inf scores and NaN weights at activation scales a fused kernel survives"),
@@ -262,14 +300,15 @@ CATALOG: dict[Pitfall, Entry] = {
 PITFALLS: dict[int, str] = {int(p): e.title for p, e in CATALOG.items()}
 
 
-def glance_table(lang: str | None = None, *, chapter: str = "08") -> str:
+def glance_table(lang: str | None = None, *, chapter: str | None = "08") -> str:
     """The "at a glance" table of the pitfalls that chapter ``chapter`` teaches, as markdown: chapter 08's
     fourteen by default, ``chapter="10"`` for tiled attention's, ``chapter="11"`` for smaller KV caches',
-    ``chapter="12"`` for attention across processes', ``chapter="14"`` for precision and profiling.
+    ``chapter="12"`` for attention across processes', ``chapter="13"`` for positions', ``chapter="14"`` for precision
+    and profiling; ``chapter=None``: every chapter's.
     In English or Chinese (``"zh"``); by default in the running notebook's language
     (:func:`tinytf.language.notebook_language`)."""
     lang = current_language(lang)
-    chosen = [(p, e) for p, e in CATALOG.items() if p and e.section.startswith(f"{chapter}_")]
+    chosen = [(p, e) for p, e in CATALOG.items() if p and (chapter is None or e.section.startswith(f"{chapter}_"))]
     columns = [_("pitfall", lang), _("symptom", lang), _("detector", lang), _("fix", lang)]
     head = "| # | " + " | ".join(columns) + " |\n|---|---|---|---|---|"
     # English names a pitfall by its short form (markdown); Chinese by its title

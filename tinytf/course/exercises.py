@@ -15,7 +15,7 @@ __all__ = ["EXERCISES", "EDITION_FOLDERS", "REPO", "REFERENCE_MODULES", "exercis
 
 REPO = Path(__file__).resolve().parents[2]
 
-EXERCISES = ("ex01", "ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08", "ex09", "ex10", "ex11")
+EXERCISES = ("ex01", "ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08", "ex09", "ex10", "ex11", "ex12")
 
 # (instructor sources, student versions) of each edition; the Chinese twins live in zh/ subfolders
 EDITION_FOLDERS = {"en": ("solutions", "exercises"), "zh": ("solutions/zh", "exercises/zh")}
