@@ -90,10 +90,19 @@ def _summary_cell(ex: str, student: str, cells: list[CellResult], note: str, lan
 
 @functools.cache
 def _exporter() -> Any:
-    """nbconvert's HTML exporter, made once per grading worker (its templates are parsed once, not per page)."""
+    """nbconvert's HTML exporter, made once per grading worker (its templates are parsed once, not per page). What a
+    student wrote and printed is sanitised (``sanitize_html``). Highlighting and sanitising a cell are remembered by its
+    text: the released notebook's own cells, the same in every submission of an exercise, are done once per worker."""
     from nbconvert import HTMLExporter
+    from nbconvert.filters import Highlight2HTML
+    from nbconvert.filters.strings import clean_html
 
-    return HTMLExporter(template_name="classic")
+    highlight = Highlight2HTML(pygments_lexer="ipython3")
+    remembered = functools.lru_cache(maxsize=8192)
+    highlight_text = remembered(lambda source, language: highlight(source, language))
+    return HTMLExporter(template_name="classic", sanitize_html=True,
+                        filters={"highlight_code": lambda source, language=None, metadata=None: highlight_text(source, language),
+                                 "clean_html": remembered(clean_html)})
 
 
 def feedback_page(job: Path, ex: str, student: str, name: str, cells: list[CellResult], note: str, autograded: dict,
