@@ -354,3 +354,20 @@ def test_record_lists_replaced_checking_functions(monkeypatch):
     assert record.interference() == ["torch.allclose", "torch.testing.assert_close"]
     monkeypatch.setattr(record, "record", lambda *a, **k: None)
     assert "tinytf.course.reference.judging.record" in record.interference()
+
+
+def test_a_feedback_page_shows_what_the_student_displayed_without_running_it(tmp_path):
+    from tinytf.course.grade.feedback import feedback_page
+    from tinytf.course.grade.gradebook import CellResult
+
+    shown = {"output_type": "display_data", "metadata": {},
+             "data": {"text/html": "<b>zq-bold</b><script>alert('zq-xss')</script>", "text/plain": "x"}}
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "markdown", "id": "m", "metadata": {}, "source": "An answer <img src=x onerror=alert('zq-md')>"},
+        {"cell_type": "code", "id": "c", "metadata": {}, "execution_count": 1, "source": "display(HTML(...))", "outputs": [shown]}]}
+    page = feedback_page(tmp_path, "ex90", "s1", "ex90_toy.ipynb", [CellResult("s1", "ex90", "t", 1, 1, "ok", "")], "", nb)
+    text = page.read_text(encoding="utf-8")
+    assert "zq-bold" in text and "tinytf grading: ex90 for s1" in text, "the page shows the student's output and the summary"
+    body = text.split("<body")[1]
+    assert "<script>alert('zq-xss')" not in body, "a student's displayed script is text on the page, not a script"
+    assert not re.search(r"<img[^>]*onerror", body), "nor does an attribute of a student's markdown run"
