@@ -28,6 +28,7 @@ from .block import TransformerBlock
 from .collectives import Comm
 from .layouts import Layout, contiguous_layout, layout_positions
 from .ring import ring_attention
+from .translation import gettext as _
 from .ulysses import ulysses_attention
 
 __all__ = ["ContextParallelBlock", "CONTEXT_ATTENTION"]
@@ -49,11 +50,13 @@ class ContextParallelBlock(nn.Module):
                  overlap: bool = False) -> None:
         super().__init__()
         if attention not in CONTEXT_ATTENTION:
-            raise ValueError(f"attention must be one of {CONTEXT_ATTENTION}, got {attention!r}")
+            raise ValueError(_("attention must be one of {choices}, got {attention!r}").format(choices=CONTEXT_ATTENTION,
+                                                                                              attention=attention))
         self.block, self.comm, self.attention, self.overlap = copy.deepcopy(block), comm, attention, overlap
         self.layout = layout
         if attention == "ulysses" and layout is not None and layout != contiguous_layout(max(b for c in layout for _, b in c), comm.world):
-            raise ValueError(f"Ulysses gathers whole sequences in rank order: it needs the contiguous layout, got {layout}")
+            raise ValueError(_("Ulysses gathers whole sequences in rank order: it needs the contiguous layout, got {layout}. Pass "
+                               "contiguous_layout(T, P), or use attention='ring' for the zig-zag layout.").format(layout=layout))
 
     def _mix(self, h: Tensor) -> Tensor:
         attn = self.block.attn
