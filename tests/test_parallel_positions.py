@@ -51,8 +51,7 @@ def _model(positions: str, shape: str) -> tinytf.TinyLanguageModel:
 
 def _embed(model: tinytf.TinyLanguageModel, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Token embeddings plus the position table's rows ``rows`` (the global positions of these tokens), if any."""
-    x = model.token(ids)
-    return x if model.position is None else x + model.position(rows).to(x.dtype)
+    return model.embed(ids, rows.expand_as(ids))
 
 
 def _split(split: str, block: nn.Module, rank: int, world: int, comm: Comm):
@@ -205,3 +204,14 @@ def test_rope_rotates_one_dimensional_positions_by_the_cached_tables():
     rows = layout_positions(zigzag_layout(T, 2)[1])  # positions 4 … 11 of T = 16
     mine = rope(q[..., rows, :], k[..., rows, :], positions=rows)
     assert all(torch.equal(a, b[..., rows, :]) for a, b in zip(mine, whole))  # bit for bit: the same table rows
+
+
+def test_a_rank_embeds_its_global_positions_and_the_learned_table_still_stops():
+    model = _model("learned", "multi-head")
+    ids = torch.randint(VOCAB, (B, T), generator=torch.Generator().manual_seed(1))
+    rows = layout_positions(zigzag_layout(T, 2)[1])
+    with torch.no_grad():
+        assert torch.equal(model.embed(ids[:, rows], rows.expand(B, -1)), model.embed(ids)[:, rows])
+    past = layout_positions(contiguous_layout(2 * T, 2)[1])  # positions T … 2T - 1 of a sequence twice max_tokens
+    with pytest.raises(ValueError, match=f"exceed max_tokens={T}"):
+        model.embed(ids, past.expand(B, -1))

@@ -11,10 +11,11 @@ gathered layer by layer.
 
 **Positions** (chapter 13) are the *global* ones of ``layout[rank]`` (:func:`tinytf.layout_positions`), never
 ``0 … T/P - 1``. Learned and sinusoidal tables act before the first block: each rank adds the table's rows of
-its global positions to its token embeddings (``model.token(ids_r) + model.position(layout_positions(layout[r]))``),
-no communication needed. RoPE is applied here, in :meth:`ContextParallelBlock.forward`, to this rank's q and k
-at their global positions *before* any exchange: a rotated key keeps its rotation while it travels. ALiBi's
-slopes and a sliding window go to the ring (bias and mask from global positions in every tile) or to Ulysses.
+its global positions to its token embeddings (:meth:`tinytf.TinyLanguageModel.embed`:
+``model.embed(ids_r, layout_positions(layout[r]).expand_as(ids_r))``), no communication needed. RoPE is
+applied here, in :meth:`ContextParallelBlock.forward`, to this rank's q and k at their global positions *before*
+any exchange: a rotated key keeps its rotation while it travels. ALiBi's slopes and a sliding window go to the
+ring (bias and mask from global positions in every tile) or to Ulysses.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ NEG_INF = float("-inf")
 
 @dataclass
 class RingStats:
-    """One rank's work: steps, score tiles computed and skipped (wholly in the future), the score
+    """One rank's work: steps, score tiles computed and skipped (wholly in the future or beyond the window), the score
     elements computed per batch and head (whole tiles, as this ring computes them), the elements among
     them that the causal mask allows (what a finely tiled kernel would compute), and the largest score
     tile ``[rows, cols]`` it held."""
