@@ -216,3 +216,14 @@ def test_replicated_kv_heads_and_ulysses(text):
 def test_sequence_parallelism_statements(text):
     assert LayerShape.of_block(tinytf.TransformerBlock(8, 2, 4)).replicated_params == 6 * 8  # 2 LayerNorms + 2 biases: 6·D
     stated(text, "`6·D`", "`34/P`", "`10 + 24/P`", "Korthikanti")
+
+
+def test_a_rope_block_split_along_the_sequence_equals_one_process(text):
+    """The chapter's statement on positions across processes: printed by section 8's launch and asserted there; the
+    parity itself, forward and backward at P = 2 and 4 for every split and position choice, is tests/test_parallel_positions.py."""
+    worker, run = _source("c12-costs"), _source("c12-s5-run")
+    assert 'positions="rope"' in worker and '("ring", "zigzag", "ulysses")' in worker and 'step(split, rope_block, x, w)["err"]' in worker
+    assert "assert len(rope_errs[0]) == 3 and max(max(e.values()) for e in rope_errs) <= 1e-5" in run
+    stated(text, "`tests/test_parallel_positions.py`", "`0 … T/P - 1`", {"en": "*global* positions", "zh": "*全局*位置"},
+           {"en": "RoPE and ALiBi (a RoPE block split along the sequence equals one process)",
+            "zh": "RoPE 和 ALiBi 也一样（沿序列拆分的 RoPE 块等于单进程）"})

@@ -82,7 +82,16 @@ from .parallel import (
 from .params import count_parameters, parameter_breakdown
 from .precision import Threshold, accumulation_errors, finite_map, formats, score_overflow, softmax_overflow
 from .profiling import PartTimes, label_parts, part_times
-from .ring import RingStats, causal_scores, contiguous_layout, ring_attention, shard_sequence, unshard_sequence, zigzag_layout
+from .ring import (
+    RingStats,
+    causal_scores,
+    contiguous_layout,
+    layout_positions,
+    ring_attention,
+    shard_sequence,
+    unshard_sequence,
+    zigzag_layout,
+)
 from .rolling import RollingKVCache
 from .rope import RotaryEmbedding, apply_rope, rope_frequencies, rope_tables, rotate_half
 from .sequence_parallel import SequenceParallelBlock, gather_sequence, scatter_sequence
@@ -184,6 +193,7 @@ __all__ = [
     "zigzag_layout",
     "shard_sequence",
     "unshard_sequence",
+    "layout_positions",
     "diagnose_qkv_split",
     "diagnose_row_parallel",
     "diagnose_replicated",

@@ -20,7 +20,7 @@ import torch
 
 from .translation import gettext as _
 
-__all__ = ["alibi_slopes", "alibi_bias", "allowed_keys", "alibi_scores_bias"]
+__all__ = ["alibi_slopes", "alibi_bias", "allowed_keys", "alibi_scores_bias", "check_alibi"]
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -63,3 +63,19 @@ def alibi_scores_bias(slopes: torch.Tensor, q_positions: torch.Tensor, k_positio
     if mask is not None:
         allowed = allowed & mask
     return bias.masked_fill(~allowed, float("-inf"))
+
+
+def check_alibi(slopes: torch.Tensor | None, heads: int, is_causal: bool, where: str) -> None:
+    """``ValueError`` unless ALiBi's ``slopes`` (if any) hold one slope per query head and the attention is causal.
+
+    The bias ``-m·(p_i - p_j)`` is defined for keys at or before the query (it grows *positive* past it), so tinytf
+    applies ALiBi to causal attention only, as :class:`tinytf.CausalSelfAttention` does; ``where`` names the caller."""
+    if slopes is None:
+        return
+    if slopes.dim() != 1 or slopes.numel() != heads:
+        raise ValueError(_("{where}: ALiBi needs one slope per query head, got slopes {shape} for {heads} heads. Pass "
+                           "alibi_slopes(heads) (or the layer's attn.alibi_slopes).").format(where=where, shape=list(slopes.shape),
+                                                                                            heads=heads))
+    if not is_causal:
+        raise ValueError(_("{where}: ALiBi's bias -m·(p_i - p_j) is defined for keys at or before the query; without the causal "
+                           "mask it would reward the future. Pass is_causal=True, or drop the slopes.").format(where=where))

@@ -69,13 +69,26 @@ class TinyLanguageModel(nn.Module):
         left-padded sequence (:func:`tinytf.masks.padded_positions`); by default ``0 … T - 1``. Only learned positions
         stop at ``max_tokens``.
         """
+        x = self.embed(ids, positions, start=0 if cache is None else cache.seen)  # [B, T, D]
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, cache=cache, layer=i, positions=positions)
+        return self.lm_head(self.norm(x))  # [B, T, V]
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor | None = None, *, start: int = 0) -> torch.Tensor:
+        """ids ``[B, T]`` -> ``x [B, T, D]``, what the first block takes: the token embeddings plus, for learned or
+        sinusoidal positions, the table's rows at ``positions`` ``[B, T]`` (by default ``start … start + T - 1``);
+        RoPE and ALiBi add nothing here, they act in attention.
+
+        A rank holding part of a split sequence (sequence or context parallelism) passes the *global* positions of
+        its tokens, ``layout_positions(layout[rank]).expand_as(ids)`` (:func:`tinytf.layout_positions`): the rows of
+        those positions, never ``0 … T/P - 1``; a learned table then still stops at ``max_tokens``.
+        """
         if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise ValueError(f"ids must be an integer tensor [B, T], got {ids.dtype} of shape {list(ids.shape)}")
         if positions is not None and (positions.shape != ids.shape or positions.is_floating_point()):
             raise ValueError(f"positions must be integers of the shape of ids {list(ids.shape)}, got {positions.dtype} "
                              f"{list(positions.shape)}")
-        b, t = ids.shape
-        start = 0 if cache is None else cache.seen
+        t = ids.size(1)
         last = start + t if positions is None else int(positions.max()) + 1
         if last > self.max_tokens and self.config.positions == "learned":
             raise ValueError(
@@ -91,9 +104,7 @@ class TinyLanguageModel(nn.Module):
         if self.position is not None:
             at = torch.arange(start, start + t, device=ids.device)[None, :] if positions is None else positions  # [1 or B, T]
             x = x + self.position(at).to(x.dtype)  # [B, T, D]
-        for i, block in enumerate(self.blocks):
-            x = block(x, mask, cache=cache, layer=i, positions=positions)
-        return self.lm_head(self.norm(x))  # [B, T, V]
+        return x
 
 
 def _resolve_config(config: ModelConfig | int | None, sizes: tuple[int, ...], fields: dict[str, Any]) -> ModelConfig:

@@ -10,7 +10,7 @@ import torch
 from .config import check_window
 from .translation import gettext as _
 
-__all__ = ["causal_mask", "padding_mask", "padded_positions", "check_causal_sizes"]
+__all__ = ["causal_mask", "padding_mask", "padded_positions", "check_causal_sizes", "check_causal_window"]
 
 
 def causal_mask(
@@ -50,6 +50,14 @@ def check_causal_sizes(t_q: int, t_k: int) -> None:
             _("causal_mask(t_q={t_q}, t_k={t_k}): an end-aligned causal mask needs t_k >= t_q (the keys include the queries' own "
               "positions). Pass t_k >= t_q.").format(t_q=t_q, t_k=t_k)
         )
+
+
+def check_causal_window(window: int | None, is_causal: bool) -> int | None:
+    """``window`` checked (:func:`tinytf.config.check_window`), or None; a ``ValueError`` if it comes without causality."""
+    if window is not None and not is_causal:
+        raise ValueError(_("a sliding window (window={window}) limits how far back a query looks: it needs is_causal=True")
+                         .format(window=window))
+    return None if window is None else check_window(window)
 
 
 def padding_mask(

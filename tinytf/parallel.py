@@ -18,6 +18,9 @@ the K/V heads are **replicated**, as vLLM and TensorRT-LLM do — rank ``r`` hol
 query heads read, ``r // (P / kv_heads)``, so ``P / kv_heads`` ranks hold each. That costs ``P / kv_heads``
 times the K/V weights and cache across the group, and in training the replicas' weight gradients are
 partial sums: :func:`reduce_replicated_kv_grads` adds them up.
+
+Every position choice of chapter 13 works: a rank sees the whole sequence, so RoPE rotates at ``0 … T - 1`` and
+ALiBi takes the slopes of the rank's heads (:mod:`tinytf.parallel_positions`).
 """
 
 from __future__ import annotations
@@ -28,14 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .alibi import alibi_bias, allowed_keys
-from .attention import scaled_dot_product_attention
 from .block import TransformerBlock
 from .collectives import Comm, copy_to_parallel, reduce_from_parallel
-from .grouped import repeat_kv
 from .heads import MultiHeadAttention
-from .masks import causal_mask
 from .parallel_kv import kv_heads_per_rank, kv_replicas, reduce_replicated_kv_grads
+from .parallel_positions import local_attention, local_slopes, mesh_rank
 
 __all__ = [
     "shard_qkv", "colwise_qkv_order", "local_attention", "shard_rows", "shard_cols", "shard_block_tensors",
@@ -133,36 +133,6 @@ def _param(t: Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t.detach().clone())
 
 
-def local_attention(qkv: Tensor, d: int, heads: int, kv_heads: int, groups: int, mask: Tensor | None,
-                     is_causal: bool, window: int | None, *, rope: nn.Module | None = None,
-                     slopes: Tensor | None = None) -> Tensor:
-    """Attention over the heads one rank holds: ``qkv [B, T, (heads + 2·kv_heads)·d]`` (this rank's
-    ``[q; k; v]``) -> ``[B, T, heads·d]`` (its heads merged, in head order). ``rope``: the block's
-    :class:`tinytf.rope.RotaryEmbedding` (the same rotation for every head); ``slopes``: ALiBi's slopes of this
-    rank's heads (causal attention only)."""
-    b, t, _ = qkv.shape
-    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
-    q, k, v = (z.view(b, t, -1, d).transpose(1, 2) for z in (q, k, v))  # [B, heads of this rank, T, d]
-    if rope is not None:
-        q, k = rope(q, k)  # positions 0 … T - 1, as in the single-process block
-    bias = None
-    if slopes is not None and is_causal:  # ALiBi: the causal (window) mask and the bias from positions
-        pos = torch.arange(t, device=qkv.device)
-        band, bias = allowed_keys(pos, pos, window=window), alibi_bias(slopes, pos, pos)
-        mask, is_causal = (band if mask is None else mask & band), False
-    elif is_causal and window is not None:
-        band = causal_mask(t, window=window, device=qkv.device)
-        mask, is_causal = (band if mask is None else mask & band), False
-    out = scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, is_causal=is_causal, bias=bias)
-    return out.transpose(1, 2).reshape(b, t, heads * d)
-
-
-def _local_slopes(attn: nn.Module, rank: int, world: int) -> Tensor | None:
-    """ALiBi slopes of rank ``rank``'s query heads (``H/P`` consecutive heads), or None without ALiBi."""
-    slopes = getattr(attn, "alibi_slopes", None)
-    return None if slopes is None else slopes.chunk(world)[rank]
-
-
 class TensorParallelAttention(nn.Module):
     """Rank ``rank``'s heads of a :class:`tinytf.MultiHeadAttention` (``H/P`` query, ``kv/P`` K/V heads).
 
@@ -178,7 +148,7 @@ class TensorParallelAttention(nn.Module):
         self.comm, self.head_dim, self.groups, self.window = comm, full.head_dim, full.groups, window
         self.local_heads, self.local_kv = heads // world, kv_heads_per_rank(kv, world)
         self.kv_heads, self.rank, self.world = kv, rank, world
-        self.rope, self.slopes = getattr(full, "rope", None), _local_slopes(full, rank, world)  # RoPE / ALiBi (chapter 13)
+        self.rope, self.slopes = getattr(full, "rope", None), local_slopes(full, rank, world)  # RoPE / ALiBi (chapter 13)
         self.qkv_weight = _param(shard_qkv(full.qkv.weight, rank, world, heads, kv))
         self.qkv_bias = _param(None if full.qkv.bias is None else shard_qkv(full.qkv.bias, rank, world, heads, kv))
         self.proj_weight = _param(shard_cols(full.proj.weight, rank, world))
@@ -260,7 +230,8 @@ class ParallelizableBlock(nn.Module):
     ``ColwiseParallel`` cuts a weight's rows into ``P`` contiguous pieces, so ``attn_qkv``'s rows are stored
     in :func:`colwise_qkv_order`; and the attention here counts the heads *one rank* holds (``H/P``),
     because after sharding each rank's ``attn_qkv`` returns only its heads' ``[q; k; v]``. Unsharded it is
-    not the block (the rows are permuted): it exists to be parallelized.
+    not the block (the rows are permuted): it exists to be parallelized. With ALiBi each rank reads its place on the
+    mesh from its sharded ``attn_qkv.weight`` (a DTensor) and takes the slopes of its heads.
     """
 
     SOURCE = {"norm1.weight": "norm1.weight", "norm1.bias": "norm1.bias", "norm2.weight": "norm2.weight",
@@ -277,10 +248,8 @@ class ParallelizableBlock(nn.Module):
         self.head_dim = attn.head_dim
         self.local_heads, self.local_kv = attn.heads // world, kv_heads_per_rank(attn.kv_heads, world)
         self.groups = self.local_heads // self.local_kv
-        if attn.alibi_slopes is not None:
-            raise ValueError("ParallelizableBlock: ALiBi gives every head its own slope, and after parallelize_module a rank "
-                             "cannot tell which heads it holds here. Use TensorParallelBlock(block, rank, world, comm) for ALiBi.")
         self.rope = attn.rope  # RoPE turns every head alike: the same rotation on every rank
+        self.alibi_slopes, self.world = attn.alibi_slopes, world  # ALiBi: each rank takes its heads' slopes (mesh_rank)
         self.norm1, self.norm2 = copy.deepcopy(block.norm1), copy.deepcopy(block.norm2)
         self.attn_proj = copy.deepcopy(attn.proj)
         weight = colwise_qkv_order(attn.qkv.weight, world, attn.heads, attn.kv_heads)  # more rows than qkv's if K/V replicate
@@ -302,8 +271,9 @@ class ParallelizableBlock(nn.Module):
                 "ffn_up": ColwiseParallel(), "ffn_down": RowwiseParallel()}
 
     def _attn(self, x: Tensor) -> Tensor:
+        slopes = None if self.alibi_slopes is None else self.alibi_slopes.chunk(self.world)[mesh_rank(self.attn_qkv.weight)]
         out = local_attention(self.attn_qkv(x), self.head_dim, self.local_heads, self.local_kv, self.groups,
-                               None, True, self.window, rope=self.rope)
+                              None, True, self.window, rope=self.rope, slopes=slopes)
         return self.attn_proj(out)
 
     def forward(self, x: Tensor) -> Tensor:

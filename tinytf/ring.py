@@ -9,8 +9,7 @@ with chapter 10's online softmax (:func:`tinytf.online_softmax_update`, then
 Under a causal mask the positions must be *global*: query ``i`` of rank ``r`` sees key ``j`` of the
 block it holds iff ``position(j) <= position(i)``. With a contiguous split the last rank does ``P``
 tiles of work and rank 0 one; the **zig-zag** layout gives rank ``r`` chunks ``r`` and ``2P - 1 - r``
-of ``2P`` equal chunks, which evens the work out. A layout is, per rank, its list of ``(start, stop)``
-global ranges; a rank's local tensor is those ranges concatenated in order.
+of ``2P`` equal chunks, which evens the work out (layouts: :mod:`tinytf.layouts`, re-exported here).
 
 The backward recomputes each tile's weights from the saved log-sum-exp (as :mod:`tinytf.tiled` does)
 and sends each K/V block around the ring once more together with its accumulating gradients dK, dV;
@@ -19,6 +18,12 @@ one final hop brings every block's dK, dV home.
 **Grouped-query K/V** (chapter 11): ``k``, ``v`` may hold fewer heads than ``q`` (``kv_heads`` dividing
 ``heads``). The ring then passes the *narrow* blocks ``[B, kv_heads, T/P, d]`` — ``kv_heads / heads`` of
 the bytes — and each query head meets its K/V head ``h // (heads / kv_heads)`` on arrival.
+
+**Positions** (chapter 13). RoPE needs nothing here: each rank rotates its q and k at their *global*
+positions (:func:`layout_positions`) before the ring, and a rotated key keeps its rotation wherever it
+travels. ALiBi's bias ``-m_h·(p_i - p_j)`` is added inside every tile from the global positions of its rows
+and columns (``slopes``), and a sliding ``window`` is part of each tile's mask; a tile that the causal mask
+or the window leaves empty is skipped.
 
 **Overlap** (``overlap=True``): a double buffer. At each step the rank posts the next exchange
 (:meth:`tinytf.collectives.Comm.post_exchange`: send the block it holds, receive into the spare buffer),
@@ -35,22 +40,33 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
+from .alibi import alibi_bias, allowed_keys, check_alibi
 from .attention import check_qkv
 from .collectives import Comm
 from .config import check_kv_heads
+from .layouts import (
+    Layout,
+    causal_scores,
+    contiguous_layout,
+    layout_positions,
+    local_ranges,
+    shard_sequence,
+    unshard_sequence,
+    zigzag_layout,
+)
+from .masks import check_causal_window
 from .tiled import online_softmax_finish, online_softmax_update
 
-__all__ = ["Layout", "RingStats", "contiguous_layout", "zigzag_layout", "shard_sequence", "unshard_sequence", "ring_attention",
-           "causal_scores"]
+__all__ = ["Layout", "RingStats", "contiguous_layout", "zigzag_layout", "shard_sequence", "unshard_sequence", "layout_positions",
+           "ring_attention", "causal_scores"]
 
 Tensor = torch.Tensor
-Layout = list[list[tuple[int, int]]]  # layout[rank] = [(start, stop), ...] global positions held by that rank
 NEG_INF = float("-inf")
 
 
 @dataclass
 class RingStats:
-    """One rank's work: steps, score tiles computed and skipped (wholly in the future), the score
+    """One rank's work: steps, score tiles computed and skipped (wholly in the future or beyond the window), the score
     elements computed per batch and head (whole tiles, as this ring computes them), the elements among
     them that the causal mask allows (what a finely tiled kernel would compute), and the largest score
     tile ``[rows, cols]`` it held."""
@@ -63,66 +79,28 @@ class RingStats:
     largest_tile: tuple[int, int] = (0, 0)
 
 
-def contiguous_layout(t: int, world: int) -> Layout:
-    """Rank ``r`` holds positions ``r·T/P … (r+1)·T/P`` (``T`` divisible by ``P``)."""
-    if t % world:
-        raise ValueError(f"T={t} does not split into P={world} equal blocks; pad T to a multiple of {world}")
-    n = t // world
-    return [[(r * n, (r + 1) * n)] for r in range(world)]
-
-
-def zigzag_layout(t: int, world: int) -> Layout:
-    """``2P`` equal chunks; rank ``r`` holds chunks ``r`` and ``2P - 1 - r`` (``T`` divisible by ``2P``)."""
-    if t % (2 * world):
-        raise ValueError(f"T={t} does not split into 2P={2 * world} equal chunks; pad T to a multiple of {2 * world}")
-    n = t // (2 * world)
-    return [[(r * n, (r + 1) * n), ((2 * world - 1 - r) * n, (2 * world - r) * n)] for r in range(world)]
-
-
-def causal_scores(layout: Layout) -> list[int]:
-    """Per rank, the causal scores its queries may compute (per batch and head): query ``i`` sees ``i + 1`` keys.
-    What a finely tiled kernel computes; the ring here computes whole diagonal tiles (:class:`RingStats`)."""
-    return [sum((b * (b + 1) - a * (a + 1)) // 2 for a, b in chunks) for chunks in layout]
-
-
-def shard_sequence(x: Tensor, chunks: list[tuple[int, int]], dim: int = -2) -> Tensor:
-    """The positions ``chunks`` of ``x`` along ``dim``, concatenated (a rank's local block)."""
-    return torch.cat([x.narrow(dim, a, b - a) for a, b in chunks], dim=dim)
-
-
-def unshard_sequence(parts: list[Tensor], layout: Layout, dim: int = -2) -> Tensor:
-    """Put every rank's local block back at its global positions: the inverse of :func:`shard_sequence`."""
-    pieces = []
-    for part, chunks in zip(parts, layout):
-        offsets = [0, *torch.tensor([b - a for a, b in chunks]).cumsum(0).tolist()]
-        pieces += [(a, part.narrow(dim, o, b - a)) for (a, b), o in zip(chunks, offsets)]
-    return torch.cat([p for _, p in sorted(pieces, key=lambda ap: ap[0])], dim=dim)
-
-
-def _local_ranges(chunks: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
-    """``(local_start, local_stop, global_start, global_stop)`` of each chunk of a rank's block."""
-    out, o = [], 0
-    for a, b in chunks:
-        out.append((o, o + b - a, a, b))
-        o += b - a
-    return out
-
-
-def _tile_mask(q_range: tuple[int, int], k_range: tuple[int, int], is_causal: bool, device) -> Tensor | None | bool:
-    """``False`` if the tile is wholly in the future (skip), ``None`` if all allowed, else ``[tq, tk]`` (True = may attend)."""
+def _tile_mask(q_range: tuple[int, int], k_range: tuple[int, int], is_causal: bool, window: int | None,
+               device) -> Tensor | None | bool:
+    """``False`` if no query of the tile may see any of its keys (skip), ``None`` if every query may see every key,
+    else ``[tq, tk]`` (True = may attend): key position <= query position, and less than ``window`` behind it."""
     (qa, qb), (ka, kb) = q_range, k_range
-    if not is_causal or kb - 1 <= qa:
+    nearest, farthest = qa - (kb - 1), (qb - 1) - ka  # the smallest and the largest query - key distance in the tile
+    if not is_causal:
         return None
-    if ka > qb - 1:
+    if farthest < 0 or (window is not None and nearest >= window):
         return False
-    return torch.arange(ka, kb, device=device)[None, :] <= torch.arange(qa, qb, device=device)[:, None]
+    if nearest >= 0 and (window is None or farthest < window):
+        return None
+    return allowed_keys(torch.arange(qa, qb, device=device), torch.arange(ka, kb, device=device), window=window)
 
 
-def _tiles(q_chunks, k_chunks, is_causal: bool, device, stats: RingStats | None):
-    """Every (query chunk, key chunk) pair of one ring step that has something to compute."""
-    for i, (qa, qb, gqa, gqb) in enumerate(_local_ranges(q_chunks)):
-        for ka, kb, gka, gkb in _local_ranges(k_chunks):
-            allowed = _tile_mask((gqa, gqb), (gka, gkb), is_causal, device)
+def _tiles(q_chunks, k_chunks, masking: tuple, device, stats: RingStats | None):
+    """Every (query chunk, key chunk) pair of one ring step that has something to compute, with its mask and
+    its ALiBi bias ``[kv, g, tq, tk]`` (None without ALiBi). ``masking``: ``(is_causal, window, slopes [kv, g])``."""
+    is_causal, window, slopes = masking
+    for i, (qa, qb, gqa, gqb) in enumerate(local_ranges(q_chunks)):
+        for ka, kb, gka, gkb in local_ranges(k_chunks):
+            allowed = _tile_mask((gqa, gqb), (gka, gkb), is_causal, window, device)
             if allowed is False:
                 if stats is not None:
                     stats.skipped += 1
@@ -133,11 +111,14 @@ def _tiles(q_chunks, k_chunks, is_causal: bool, device, stats: RingStats | None)
                 stats.allowed_elements += (qb - qa) * (kb - ka) if allowed is None else int(allowed.sum())
                 if (qb - qa) * (kb - ka) > math.prod(stats.largest_tile):
                     stats.largest_tile = (qb - qa, kb - ka)
-            yield i, slice(qa, qb), slice(ka, kb), allowed
+            bias = None if slopes is None else alibi_bias(slopes.flatten(), torch.arange(gqa, gqb, device=device),
+                                                          torch.arange(gka, gkb, device=device)).unflatten(0, slopes.shape)
+            yield i, slice(qa, qb), slice(ka, kb), allowed, bias
 
 
-def _scores(q_i: Tensor, k_j: Tensor, allowed: Tensor | None) -> Tensor:
+def _scores(q_i: Tensor, k_j: Tensor, allowed: Tensor | None, bias: Tensor | None) -> Tensor:
     s = q_i @ k_j.transpose(-2, -1)  # [..., tq, d] @ [..., d, tk]: q_i is already scaled
+    s = s if bias is None else s + bias.to(s.dtype)  # ALiBi: -m_h · (global query position - global key position)
     return s if allowed is None else s.masked_fill(~allowed, NEG_INF)
 
 
@@ -152,11 +133,11 @@ def _spare(held: list[Tensor], first: bool) -> list[Tensor] | None:
     return None if first else held
 
 
-def _forward(q, k, v, is_causal, scale, layout, comm, stats, overlap):
+def _forward(q, k, v, masking, scale, layout, comm, stats, overlap):
     """The ring forward: P steps of (fold the K/V block held, pass it on); returns out, lse."""
     rank, world, kv = comm.rank, comm.world, k.size(-3)
     qs = _by_group(q * scale, kv)  # [B, kv, g, Tl, d]
-    q_ranges = _local_ranges(layout[rank])
+    q_ranges = local_ranges(layout[rank])
     state = [(qs.new_full((*qs.shape[:-2], b - a, 1), NEG_INF), qs.new_zeros((*qs.shape[:-2], b - a, 1)),
               qs.new_zeros((*qs.shape[:-2], b - a, v.size(-1)))) for a, b, _, _ in q_ranges]
     held, spare = [k, v], None
@@ -167,8 +148,9 @@ def _forward(q, k, v, is_causal, scale, layout, comm, stats, overlap):
             spare = spare or [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v)]
             pending = comm.post_exchange(held, spare)
         k_j, v_j = (t.unsqueeze(-3) for t in held)  # [B, kv, 1, Tl, d]: shared by the g query heads
-        for i, rows, cols, allowed in _tiles(layout[rank], layout[src], is_causal, q.device, stats):
-            state[i] = online_softmax_update(*state[i], _scores(qs[..., rows, :], k_j[..., cols, :], allowed), v_j[..., cols, :])
+        for i, rows, cols, allowed, bias in _tiles(layout[rank], layout[src], masking, q.device, stats):
+            s = _scores(qs[..., rows, :], k_j[..., cols, :], allowed, bias)
+            state[i] = online_softmax_update(*state[i], s, v_j[..., cols, :])
         if stats is not None:
             stats.steps += 1
         if not last:
@@ -178,7 +160,7 @@ def _forward(q, k, v, is_causal, scale, layout, comm, stats, overlap):
     return torch.cat(outs, dim=-2).flatten(-4, -3), torch.cat(lses, dim=-1).flatten(-3, -2)
 
 
-def _backward(q, k, v, out, lse, d_out, is_causal, scale, layout, comm, overlap):
+def _backward(q, k, v, out, lse, d_out, masking, scale, layout, comm, overlap):
     """Recompute each tile's weights from lse; dK, dV travel with their block and come home at the end."""
     rank, world, kv = comm.rank, comm.world, k.size(-3)
     qs, d_out, out = _by_group(q * scale, kv), _by_group(d_out, kv), _by_group(out, kv)  # [B, kv, g, Tl, ·]
@@ -194,8 +176,8 @@ def _backward(q, k, v, out, lse, d_out, is_causal, scale, layout, comm, overlap)
             spare = spare or [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v)]
             pending = comm.post_exchange([k, v], spare, "backward")
         k_j, v_j = k.unsqueeze(-3), v.unsqueeze(-3)
-        for _, rows, cols, allowed in _tiles(layout[rank], layout[src], is_causal, q.device, None):
-            p = (_scores(qs[..., rows, :], k_j[..., cols, :], allowed) - lse[..., rows, :]).exp()  # [B, kv, g, tq, tk]
+        for _i, rows, cols, allowed, bias in _tiles(layout[rank], layout[src], masking, q.device, None):
+            p = (_scores(qs[..., rows, :], k_j[..., cols, :], allowed, bias) - lse[..., rows, :]).exp()  # [B, kv, g, tq, tk]
             d_v[..., cols, :] += (p.transpose(-2, -1) @ d_out[..., rows, :]).sum(-3)  # summed over the group's query heads
             d_s = p * (d_out[..., rows, :] @ v_j[..., cols, :].transpose(-2, -1) - delta[..., rows, :])
             d_q[..., rows, :] += d_s @ k_j[..., cols, :]
@@ -214,10 +196,10 @@ def _backward(q, k, v, out, lse, d_out, is_causal, scale, layout, comm, overlap)
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, layout, comm, stats, overlap):
-        out, lse = _forward(q, k, v, is_causal, scale, layout, comm, stats, overlap)
+    def forward(ctx, q, k, v, masking, scale, layout, comm, stats, overlap):
+        out, lse = _forward(q, k, v, masking, scale, layout, comm, stats, overlap)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.config = (is_causal, scale, layout, comm, overlap)
+        ctx.config = (masking, scale, layout, comm, overlap)
         return out
 
     @staticmethod
@@ -229,11 +211,13 @@ class _RingAttention(torch.autograd.Function):
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, layout: Layout, comm: Comm, is_causal: bool = False,
-                   scale: float | None = None, stats: RingStats | None = None, overlap: bool = False) -> Tensor:
+                   scale: float | None = None, stats: RingStats | None = None, overlap: bool = False,
+                   slopes: Tensor | None = None, window: int | None = None) -> Tensor:
     """Attention of this rank's queries over the whole sequence, K/V blocks passed around the ring.
 
     Args:
-        q: this rank's queries ``[B, H, T_local, d]`` (the positions ``layout[rank]``, in order).
+        q: this rank's queries ``[B, H, T_local, d]`` (the positions ``layout[rank]``, in order; with RoPE already
+            rotated at those global positions, :func:`layout_positions`, as k too).
         k, v: this rank's keys and values ``[B, kv_heads, T_local, d]``; ``kv_heads`` divides ``H``
             (grouped-query: the ring then sends the narrow blocks).
         layout: every rank's global positions (:func:`contiguous_layout`, :func:`zigzag_layout`).
@@ -242,6 +226,9 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, layout: Layout, comm: Com
         stats: a :class:`RingStats` to fill with this rank's work.
         overlap: post each step's transfer before computing with the block held (a double buffer),
             and wait for it after; the same result as the blocking ring.
+        slopes: ALiBi's slope of every query head ``[H]`` (:func:`tinytf.alibi_slopes`; causal only): each score
+            gets ``-m_h · (p_i - p_j)`` from the global positions of query and key.
+        window: sliding-window attention (causal only): query at ``p`` sees keys ``p - window + 1 … p``.
 
     Returns:
         ``out [B, H, T_local, d]``: the rows of full attention at this rank's positions. Differentiable.
@@ -259,7 +246,9 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, layout: Layout, comm: Com
             f" = {layout[comm.rank]}; cut them with shard_sequence(x, layout[rank])"
         )
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    return _RingAttention.apply(q, k, v, is_causal, scale, layout, comm, stats, overlap)
+    check_alibi(slopes, q.size(1), is_causal, "ring_attention")
+    masking = (is_causal, check_causal_window(window, is_causal), None if slopes is None else slopes.reshape(k.size(1), -1))  # [kv, g]
+    return _RingAttention.apply(q, k, v, masking, scale, layout, comm, stats, overlap)
 
 
 def _check_heads(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -268,3 +257,4 @@ def _check_heads(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"ring attention takes [B, H, T_local, d] blocks, got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
     check_kv_heads(q.size(1), k.size(1))
     check_qkv(q[:, : k.size(1)], k, v)
+

@@ -145,9 +145,13 @@ class RotaryEmbedding(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, start: int = 0,
                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k rotated at positions ``start … start + T - 1`` (a decode step after ``past`` cached tokens: ``start = past``),
-        or at ``positions`` ``[B, T]`` (one row per sequence, e.g. a left-padded batch)."""
+        at ``positions`` ``[T]`` (the same for every sequence, in any order: e.g. the global positions of a rank's share
+        of a split sequence, :func:`tinytf.layout_positions`), or at ``positions`` ``[B, T]`` (one row per sequence, e.g.
+        a left-padded batch)."""
         if positions is None:
             cos, sin = self.tables(start, q.size(-2), q.device)  # [T, r]
+        elif positions.dim() == 1:  # rows of the cached tables: the very numbers a single process rotates by
+            cos, sin = (t[positions] for t in self.tables(0, int(positions.max()) + 1, q.device))  # [T, r]
         else:
             cos, sin = rope_tables(positions, self.theta, self.layout, self.attention_factor)  # [B, T, r]
             cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, r]: the same for every head

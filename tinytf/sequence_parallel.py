@@ -16,6 +16,12 @@ replaces *g* (its backward is an all-gather): the same bytes as the two all-redu
 rank's gradient of them is a partial sum over its positions — they are all-reduced once per step
 (:meth:`SequenceParallelBlock.reduce_replicated_grads`, phase ``"weight_grad"``), or the ranks' copies
 drift apart.
+
+Positions (chapter 13): attention runs on the all-gathered sequence, so RoPE and ALiBi act there exactly as in
+:class:`tinytf.TensorParallelBlock` (positions ``0 … T - 1``, each rank its heads' ALiBi slopes). A learned or
+sinusoidal table is added before the first block, where ``x`` is split: rank ``r`` adds its rows
+``r·T/P … (r+1)·T/P - 1`` (:meth:`tinytf.TinyLanguageModel.embed` at :func:`tinytf.layout_positions` of
+``contiguous_layout(T, P)[r]``).
 """
 
 from __future__ import annotations

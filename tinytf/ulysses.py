@@ -14,16 +14,22 @@ rank's tensor, so a layer's forward sends ``(P - 1)/P² · B·T·s · (2·H + 2�
 (each all-to-all's gradient is the inverse all-to-all). The price: the heads are what is split, so
 ``H`` must be divisible by ``P`` (``H >= P``); K/V heads fewer than ``P`` are repeated up to ``P`` first
 (each rank needs the one its query heads read), which sends ``P / kv_heads`` times their bytes.
+
+**Positions** (chapter 13): RoPE rotates q and k at their *global* positions ``r·T/P …`` before the first
+all-to-all (a rotated key keeps its rotation when it travels); ALiBi's bias is added after it, where the rank
+holds positions ``0 … T - 1`` of its head group, with those heads' slopes (``slopes.chunk(P)[r]``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .alibi import alibi_bias, allowed_keys, check_alibi
 from .attention import check_qkv, scaled_dot_product_attention
 from .collectives import Comm
 from .config import check_kv_heads
 from .grouped import repeat_kv
+from .masks import check_causal_window
 from .translation import gettext as _
 
 __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "ulysses_kv_heads"]
@@ -96,14 +102,16 @@ def ulysses_kv_heads(kv_heads: int, world: int) -> int:
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, comm: Comm, is_causal: bool = False,
-                      scale: float | None = None) -> Tensor:
+                      scale: float | None = None, slopes: Tensor | None = None, window: int | None = None) -> Tensor:
     """Attention of this rank's positions over the whole sequence by trading the sequence split for a head split.
 
     Args:
-        q: ``[B, H, T/P, d]``, this rank's positions ``r·T/P …`` (contiguous layout) of every query head.
+        q: ``[B, H, T/P, d]``, this rank's positions ``r·T/P …`` (contiguous layout) of every query head; with RoPE
+            already rotated at those global positions (as k).
         k, v: ``[B, kv_heads, T/P, d]`` the same positions' keys and values (``kv_heads`` divides ``H``).
         comm: the group (:class:`tinytf.collectives.Comm`); its traffic counts the all-to-alls' bytes.
         is_causal: query at global position ``p`` sees keys at ``<= p``.
+        slopes: ALiBi's slope of every query head ``[H]`` (causal only); window: sliding-window attention (causal only).
 
     Returns:
         ``[B, H, T/P, d]``: the rows of full attention at this rank's positions. Differentiable.
@@ -117,10 +125,17 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, comm: Comm, is_causal:
         raise ValueError(_("Ulysses splits the heads across the ranks: heads={heads} is not divisible by P={world}. Use P among "
                            "the divisors of heads, or the ring (which splits the sequence only)").format(heads=heads, world=world))
     check_qkv(q[:, :kv], k, v)
+    check_alibi(slopes, heads, is_causal, "ulysses_attention")
+    window = check_causal_window(window, is_causal)
     travel = ulysses_kv_heads(kv, world)
     if travel != kv:
         k, v = repeat_kv(k, travel // kv), repeat_kv(v, travel // kv)  # [B, P, T/P, d]: one K/V head per rank
     q_h, k_h, v_h = (seq_to_heads(t, comm) for t in (q, k, v))  # [B, H/P, T, d], [B, travel/P, T, d]
-    groups = q_h.size(1) // k_h.size(1)
-    out = scaled_dot_product_attention(q_h, repeat_kv(k_h, groups), repeat_kv(v_h, groups), is_causal=is_causal, scale=scale)
+    groups, mask, bias = q_h.size(1) // k_h.size(1), None, None
+    if slopes is not None or window is not None:  # every position 0 … T - 1 of this rank's heads: the masks of one process
+        pos = torch.arange(q_h.size(-2), device=q.device)
+        mask, is_causal = allowed_keys(pos, pos, window=window), False
+        bias = None if slopes is None else alibi_bias(slopes.chunk(world)[comm.rank], pos, pos)[None]  # [1, H/P, T, T]
+    out = scaled_dot_product_attention(q_h, repeat_kv(k_h, groups), repeat_kv(v_h, groups), mask, is_causal=is_causal, scale=scale,
+                                       bias=bias)
     return heads_to_seq(out, comm)
