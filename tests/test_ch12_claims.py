@@ -225,6 +225,7 @@ def test_the_overlap_ratio_is_printed_not_stated(text):
     for stale in ("0.64", "0.42", "0.85", "median of nine runs", "九次运行"):
         for lang in ("en", "zh"):
             assert stale not in text[lang], f"the {lang} edition states the overlap ratio {stale!r}"
-    stated(text, {"en": "a ratio above 1", "zh": "比值大于 1"}, {"en": "section 9 prints this run's ratio", "zh": "第 9 节打印了这一次的比值"})
+    stated(text, {"en": "a ratio above 1", "zh": "比值大于 1"},
+           {"en": "section 9 prints this run's ratio", "zh": "第 9 节打印了这一次的比值"})
     printed = _source("c12-overlap-run")
     assert "exposed" in printed and "ratio" in printed
