@@ -57,7 +57,7 @@ def diagnose_qkv_split(fn: Callable[..., torch.Tensor]) -> list[Finding]:
                 return [found(Pitfall.QKV_SPLIT_ONE_PIECE, _("the fused QKV weight was cut in one piece"),
                               _("rank {rank} got rows {first}…{last} of [W_q; W_k; W_v]: the Q rows of some heads and the K rows of "
                                 "others.").format(rank=rank, first=rank * w.size(0) // world, last=(rank + 1) * w.size(0) // world - 1),
-                              where=where)]
+                              where=_("Seen {where}.").format(where=where))]
             shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             return [Finding(Pitfall.GENERAL, _("not rank r's rows of W_q, W_k and W_v"),
                             _("{where}: got {shape}, expected {right_shape}: the W_q rows of heads {value}…{value2}, then the W_k and "
