@@ -1,0 +1,282 @@
+"""The generated mutants (tinytf/course/reference/mutants/) run as students' notebooks, in-process, without a kernel.
+
+One :class:`Notebook` per exercise and edition: the instructor notebook executed once, cell by cell, in one
+``__main__`` namespace (its test cells and self-check left out), the way a kernel runs it. :meth:`Notebook.planted`
+puts a variant in: the answer cell of that edition with the variant's edits (or the variant's ``bind``), then
+the later cells that compute what the task's test reads; afterwards the namespace is restored. Then:
+
+- :meth:`Notebook.visible`: the test cell as released (its hidden region cut), run in the namespace;
+- :meth:`Notebook.hidden`: what the hidden test does (its probe on a seed, then the grader's judge);
+- :meth:`Notebook.diagnose`: the exercise's ``diagnose_tasks`` (what validate and the self-check print).
+
+Exercise 11's visible tests start two real gloo processes (``on_processes``); here they run the same job on two
+simulated ranks in this process (``on_threads``): the computation is the same, the process start-up is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import nbformat
+import torch
+
+from tinytf.course.exercises import REFERENCE_MODULES
+from tinytf.course.judges import run_judge
+from tinytf.course.reference import mutants as M
+
+matplotlib.use("Agg")
+
+ROOT = Path(__file__).resolve().parents[1]
+SEEDS = (0, 1, 2, 3, 20240535)  # five seeds of the hidden tests' fresh inputs
+EDITIONS = {"en": ROOT / "solutions", "zh": ROOT / "solutions" / "zh"}
+
+
+def cell_key(cell: Any) -> str:
+    return cell.metadata.get("nbgrader", {}).get("grade_id") or cell.id
+
+
+def answer_code(source: str) -> str:
+    """An answer cell's code without its nbgrader markers (what :data:`Family.source` holds)."""
+    return "\n".join(line for line in source.split("\n") if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+
+
+def visible_code(source: str) -> str:
+    """A test cell as nbgrader releases it: the hidden region cut."""
+    if "### BEGIN HIDDEN TESTS" not in source:
+        return source
+    head, rest = source.split("### BEGIN HIDDEN TESTS", 1)
+    return head.rstrip(" ") + rest.split("### END HIDDEN TESTS", 1)[1].lstrip("\n")
+
+
+def _threads(job: str, fn: Any, world: int, *args: Any, **kw: Any) -> list[torch.Tensor]:
+    from tinytf.course.reference.ex11_ranks import on_threads
+
+    kw.pop("timeout_s", None)
+    return on_threads(job, fn, world, *args)
+
+
+class Notebook:
+    """The instructor notebook of ``ex`` in ``edition``, executed once (test cells and self-check left out)."""
+
+    def __init__(self, ex: str, edition: str) -> None:
+        (path,) = EDITIONS[edition].glob(f"{ex}_*.ipynb")
+        self.ex, self.edition = ex, edition
+        self.cells = {cell_key(c): c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"}
+        self.module = importlib.import_module(REFERENCE_MODULES[ex])
+        self.probes = self.module.PROBES
+        self.families = M.families(ex)
+        self.tests = [k for k, c in self.cells.items() if c.metadata.get("nbgrader", {}).get("grade")
+                      and not c.metadata["nbgrader"].get("solution")]
+        self.points = {k: float(self.cells[k].metadata["nbgrader"].get("points", 0)) for k in self.tests}
+        self.ns: dict[str, Any] = {"__name__": "__main__"}
+        with torch.random.fork_rng(devices=[]):
+            for key, cell in self.cells.items():
+                if key in self.tests or "self_check(" in cell.source:
+                    continue
+                self._run(cell.source, key)
+                if ex == "ex11" and "on_processes" in self.ns:
+                    self.ns["on_processes"] = _threads
+
+    def _run(self, source: str, name: str) -> None:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            exec(compile(source, f"<{self.ex}:{name}>", "exec"), self.ns)  # noqa: S102 - our notebook's code
+
+    def answer(self, fam: M.Family, variant: M.Mutant | M.Correct | None = None) -> str:
+        """This edition's answer cell of ``fam`` with ``variant``'s edits applied (each must occur once)."""
+        return M.mutated(answer_code(self.cells[fam.cell].source), variant.edits if variant is not None else ())
+
+    @contextlib.contextmanager
+    def planted(self, fam: M.Family, variant: M.Mutant | M.Correct | None) -> Iterator[dict[str, Any]]:
+        """The namespace with ``variant`` as the answer of ``fam`` (and its later cells rerun); restored afterwards."""
+        saved = dict(self.ns)
+        contents = {name: t.detach().clone() for name, t in saved.items() if isinstance(t, torch.Tensor)}  # a mutant may edit in place
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                if variant is not None and (variant.edits or variant.bind is None):  # None: the reference, as executed
+                    self._run(self.answer(fam, variant), fam.cell)
+                if variant is not None and variant.bind is not None:
+                    self.ns.update(variant.bind(self.ns))
+                for key in fam.reruns:
+                    try:
+                        self._run(self.cells[key].source, key)
+                    except Exception:  # noqa: BLE001 - a later cell that fails on a wrong answer, as in a kernel
+                        pass
+            yield self.ns
+        finally:
+            self.ns.clear()
+            self.ns.update(saved)
+            with torch.no_grad():
+                for name, t in contents.items():
+                    if not torch.equal(saved[name], t):  # only what a variant changed (an expanded view cannot be written)
+                        saved[name].copy_(t)
+
+    def visible(self, task: str) -> str | None:
+        """``None`` when the released test cell ``task`` passes in the namespace, else ``"Type: message"``."""
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(1)
+                self._run(visible_code(self.cells[task].source), task)
+        except Exception as err:  # noqa: BLE001 - a failing test is a verdict
+            return f"{type(err).__name__}: {err}"
+        return None
+
+    def hidden(self, task: str, seed: int) -> str | None:
+        """``None`` when the hidden test of ``task`` (its probe on ``seed``, then the judge) passes, else why not."""
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                value, inputs = self.probes[task](self.ns, torch.Generator().manual_seed(seed))
+        except Exception as err:  # noqa: BLE001 - the hidden test cell raises: the task earns nothing
+            return f"{type(err).__name__}: {err}"
+        ok, message = run_judge(task, value, inputs)
+        return None if ok else message
+
+    def diagnose(self, only: list[str] | None = None) -> dict[str, list[Any]]:
+        """``{task: findings}`` of the exercise's diagnosis on the namespace as it is (the judges' fresh draw seeded), for
+        every task or ``only`` these."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return self.module.diagnose_tasks(self.ns, only=only)
+
+
+_CACHE: dict[tuple[str, str], Notebook] = {}
+
+
+def notebook(ex: str, edition: str) -> Notebook:
+    """The executed notebook of ``ex`` in ``edition``, built once per test process."""
+    if (ex, edition) not in _CACHE:
+        _CACHE[(ex, edition)] = Notebook(ex, edition)
+    return _CACHE[(ex, edition)]
+
+
+_HIDDEN: dict[tuple[str, str, str, int], str | None] = {}  # the hidden tests are one program in both editions
+
+
+def verdict(nb: Notebook, fam: M.Family, variant: M.Mutant | M.Correct | None) -> dict[str, Any]:
+    """What the grader and the diagnosis say of ``variant`` planted as the answer of ``fam``: ``visible`` and ``hidden``
+    (``{task: None or the failure}``, hidden per seed of :data:`SEEDS`) and ``findings`` (``{task: [Finding]}``) for every
+    test cell. The tasks that read this answer (its own and ``fam.affects``) are judged and diagnosed again; the others
+    keep the reference notebook's verdicts (:func:`baseline`)."""
+    base = baseline(nb)
+    tasks = [fam.task, *fam.affects]
+    name = "reference" if variant is None else variant.name
+    with nb.planted(fam, variant):
+        visible = {t: nb.visible(t) for t in tasks}
+        hidden = {}
+        for t in tasks:
+            hidden[t] = []
+            for seed in SEEDS:
+                key = (fam.task, name, t, seed)
+                if key not in _HIDDEN:
+                    _HIDDEN[key] = nb.hidden(t, seed)
+                hidden[t].append(_HIDDEN[key])
+        findings = nb.diagnose(only=tasks)
+    return {"visible": {**base["visible"], **visible}, "hidden": {**base["hidden"], **hidden}, "findings": {**base["findings"], **findings}}
+
+
+_BASE: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def baseline(nb: Notebook) -> dict[str, Any]:
+    """The reference notebook's verdicts on every test cell (visible, hidden on each seed, findings)."""
+    if (nb.ex, nb.edition) not in _BASE:
+        _BASE[(nb.ex, nb.edition)] = {"visible": {t: nb.visible(t) for t in nb.tests},
+                                      "hidden": {t: [nb.hidden(t, s) for s in SEEDS] for t in nb.tests}, "findings": nb.diagnose()}
+    return _BASE[(nb.ex, nb.edition)]
+
+
+def points(nb: Notebook, v: dict[str, Any]) -> tuple[list[float], float]:
+    """``(graded, predicted)``: the points the grader gives on each seed (a test cell earns its points when its visible
+    and its hidden part pass), and the points validate predicts (a passing visible test of a task the diagnosis has no
+    finding for)."""
+    tasks = list(v["visible"])
+    graded = [sum(nb.points[t] for t in tasks if v["visible"][t] is None and v["hidden"][t][i] is None) for i in range(len(SEEDS))]
+    predicted = sum(nb.points[t] for t in tasks if v["visible"][t] is None and not v["findings"].get(t))
+    return graded, predicted
+
+
+FEWER = {  # tasks that allow fewer than five plausible mistakes, and why
+}
+
+
+def check_cover(ex: str) -> None:
+    """Every autograded task of ``ex`` has a family: at least five mutants (or the reason in :data:`FEWER`), two other
+    correct solutions, distinct names."""
+    nb = notebook(ex, "en")
+    assert sorted(nb.families) == sorted(nb.tests) == sorted(nb.probes), (sorted(nb.families), sorted(nb.tests))
+    for task, fam in nb.families.items():
+        assert len(fam.mutants) >= FEWER.get(task, (5,))[0], f"{task}: {len(fam.mutants)} mutants"
+        assert len(fam.correct) >= 2, f"{task}: two other correct solutions"
+        names = [m.name for m in (*fam.mutants, *fam.correct)]
+        assert len(names) == len(set(names)), names
+
+
+def _strip(tree: Any) -> str:
+    import ast
+
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str) and isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def check_sources(ex: str, edition: str) -> None:
+    """Each family's reference source is the program of that edition's answer cell (docstrings and comments aside),
+    and every variant's edits apply to the cell exactly as to the source."""
+    import ast
+
+    nb = notebook(ex, edition)
+    for task, fam in nb.families.items():
+        cell = answer_code(nb.cells[fam.cell].source)
+        assert _strip(ast.parse(cell)) == _strip(ast.parse(fam.source)), f"{task}: the family's source is not {fam.cell}'s program"
+        for variant in (*fam.mutants, *fam.correct):
+            if variant.edits:
+                assert _strip(ast.parse(nb.answer(fam, variant))) == _strip(ast.parse(M.mutated(fam.source, variant.edits))), (
+                    f"{task}/{variant.name}: the edits change the cell and the source differently")
+
+
+def check_variants(ex: str, edition: str) -> list[str]:
+    """Every mutant fails a test on every seed and is named with its own fix; every correct variant earns full marks
+    with no finding; validate's predicted points are the grader's on every seed. Returns the problems (empty: none)."""
+    import os
+
+    from tinytf.translation import gettext as _
+
+    os.environ["TINYTF_LANG"] = edition
+    nb = notebook(ex, edition)
+    total = sum(nb.points.values())
+    problems = []
+    base = baseline(nb)
+    wrong = {t: (v, [h for h in base["hidden"][t] if h], base["findings"][t]) for t, v in base["visible"].items()
+             if v or any(base["hidden"][t]) or base["findings"][t]}
+    if wrong:
+        problems.append(f"the reference notebook fails or has findings: {wrong}")
+    for task, fam in nb.families.items():
+        for variant in (None, *fam.correct, *fam.mutants):
+            name = f"{task}/{'reference' if variant is None else variant.name}"
+            v = verdict(nb, fam, variant)
+            graded, predicted = points(nb, v)
+            if any(g != predicted for g in graded):
+                problems.append(f"{name}: validate predicts {predicted} points, the grader gives {graded} on the seeds {SEEDS}; "
+                                f"findings {[str(f) for fs in v['findings'].values() for f in fs]}")
+            if not isinstance(variant, M.Mutant):
+                if graded != [total] * len(SEEDS) or any(v["findings"].values()):
+                    problems.append(f"{name}: a correct solution got {graded} of {total} and findings "
+                                    f"{[str(f) for fs in v['findings'].values() for f in fs]}")
+                continue
+            failed = [v["visible"][task] is not None or v["hidden"][task][i] is not None for i in range(len(SEEDS))]
+            if not all(failed):
+                problems.append(f"{name}: passes its tests on the seeds {[s for s, f in zip(SEEDS, failed) if not f]}")
+            mine = v["findings"].get(task, [])
+            if not any(f.pitfall == variant.pitfall and f.title == _(variant.title) and f.fix == _(variant.fix) for f in mine):
+                problems.append(f"{name}: the diagnosis does not name it with its fix: {[str(f) for f in mine]}")
+    return problems
