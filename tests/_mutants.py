@@ -219,29 +219,36 @@ def check_cover(ex: str) -> None:
 
 
 def _strip(tree: Any) -> str:
+    """The program of a parsed cell, docstrings dropped."""
     import ast
 
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                and isinstance(body[0].value.value, str) and isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module)):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module)) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
             node.body = body[1:] or [ast.Pass()]
     return ast.dump(tree)
 
 
 def check_sources(ex: str, edition: str) -> None:
-    """Each family's reference source is the program of that edition's answer cell (docstrings and comments aside),
-    and every variant's edits apply to the cell exactly as to the source."""
+    """Each family's reference source is the program of the English answer cell (docstrings and comments aside), every
+    variant's edits apply to the cell exactly as to the source, and in the Chinese edition every variant of the cell is
+    the twin of the English one (:func:`tinytf.course.editions.code_difference`: the same program, the text aside)."""
     import ast
 
-    nb = notebook(ex, edition)
+    from tinytf.course.editions import code_difference
+
+    nb, en = notebook(ex, edition), notebook(ex, "en")
     for task, fam in nb.families.items():
-        cell = answer_code(nb.cells[fam.cell].source)
-        assert _strip(ast.parse(cell)) == _strip(ast.parse(fam.source)), f"{task}: the family's source is not {fam.cell}'s program"
-        for variant in (*fam.mutants, *fam.correct):
-            if variant.edits:
-                assert _strip(ast.parse(nb.answer(fam, variant))) == _strip(ast.parse(M.mutated(fam.source, variant.edits))), (
-                    f"{task}/{variant.name}: the edits change the cell and the source differently")
+        assert _strip(ast.parse(answer_code(en.cells[fam.cell].source))) == _strip(ast.parse(fam.source)), (
+            f"{task}: the family's source is not {fam.cell}'s program")
+        for variant in (None, *fam.mutants, *fam.correct):
+            name = "reference" if variant is None else variant.name
+            mine, english = nb.answer(fam, variant), en.answer(fam, variant)
+            if variant is not None and variant.edits:
+                assert _strip(ast.parse(english)) == _strip(ast.parse(M.mutated(fam.source, variant.edits))), (
+                    f"{task}/{name}: the edits change the cell and the source differently")
+            assert code_difference(english, mine) is None, f"{task}/{name}: {code_difference(english, mine)}"
 
 
 def check_variants(ex: str, edition: str) -> list[str]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -189,7 +190,7 @@ def _run(fam: Family, probe: Callable[..., Any] | None, namespace: dict[str, Any
     except NotImplementedError:
         raise
     except Exception as err:  # noqa: BLE001 - a crash is a result too: the same crash on the same inputs is the same mistake
-        return None, {}, f"{type(err).__name__}: {err}"
+        return None, {}, re.sub(r"(/[^\s'\"/]+)+/?", "<path>", f"{type(err).__name__}: {err}")  # temporary files' names aside
     return value, inputs, None
 
 
