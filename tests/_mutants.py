@@ -203,6 +203,8 @@ def points(nb: Notebook, v: dict[str, Any]) -> tuple[list[float], float]:
 
 
 FEWER = {  # tasks that allow fewer than five plausible mistakes, and why
+    "ex09_memory": (2, "the same tiled_forward as ex09_tiled (whose mistakes are its own); what only memory shows is holding "
+                       "every score at once: the whole matrix, or every tile kept"),
 }
 
 
