@@ -16,6 +16,7 @@ simulated ranks in this process (``on_threads``): the computation is the same, t
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import io
 from collections.abc import Iterator
@@ -103,11 +104,7 @@ class Notebook:
                     self._run(self.answer(fam, variant), fam.cell)
                 if variant is not None and variant.bind is not None:
                     self.ns.update(variant.bind(self.ns))
-                for key in fam.reruns:
-                    try:
-                        self._run(self.cells[key].source, key)
-                    except Exception:  # noqa: BLE001 - a later cell that fails on a wrong answer, as in a kernel
-                        pass
+                self._rerun(fam, variant)
             yield self.ns
         finally:
             self.ns.clear()
@@ -116,6 +113,23 @@ class Notebook:
                 for name, t in contents.items():
                     if not torch.equal(saved[name], t):  # only what a variant changed (an expanded view cannot be written)
                         saved[name].copy_(t)
+
+    def _rerun(self, fam: M.Family, variant: M.Mutant | M.Correct | None) -> None:
+        """Run the later cells of ``fam.reruns`` (the training run, the benchmark, the checkpoint) on the planted answer.
+        They are one program in both editions (the twin rule): what the first edition's run bound is reused, copied, by
+        the other, so that a 200-step training run is not repeated per edition."""
+        if not fam.reruns:
+            return
+        key = (self.ex, fam.task, "reference" if variant is None else variant.name)
+        if key not in _RERUNS:
+            before = dict(self.ns)
+            for cell in fam.reruns:
+                try:
+                    self._run(self.cells[cell].source, cell)
+                except Exception:  # noqa: BLE001 - a later cell that fails on a wrong answer, as in a kernel
+                    pass
+            _RERUNS[key] = copy.deepcopy({k: v for k, v in self.ns.items() if k not in before or v is not before[k]})
+        self.ns.update(copy.deepcopy(_RERUNS[key]))
 
     def visible(self, task: str) -> str | None:
         """``None`` when the released test cell ``task`` passes in the namespace, else ``"Type: message"``."""
@@ -147,6 +161,7 @@ class Notebook:
 
 
 _CACHE: dict[tuple[str, str], Notebook] = {}
+_RERUNS: dict[tuple[str, str, str], dict[str, Any]] = {}
 
 
 def notebook(ex: str, edition: str) -> Notebook:
@@ -253,6 +268,22 @@ def check_sources(ex: str, edition: str) -> None:
             assert code_difference(english, mine) is None, f"{task}/{name}: {code_difference(english, mine)}"
 
 
+def _said(finding: Any) -> str:
+    """What a Chinese student reads of ``finding`` (title, evidence, fix)."""
+    import json
+
+    from tinytf.course.check_report import finding_lines
+    from tinytf.course.diagnosis import finding_json
+
+    return "\n".join(finding_lines(json.loads(json.dumps(finding_json(finding))), "zh"))
+
+
+def _latin_sentences(text: str) -> list[str]:
+    from test_translation import _latin_sentences as latin
+
+    return latin(text)
+
+
 def check_variants(ex: str, edition: str) -> list[str]:
     """Every mutant fails a test on every seed and is named with its own fix; every correct variant earns full marks
     with no finding; validate's predicted points are the grader's on every seed. Returns the problems (empty: none)."""
@@ -288,4 +319,8 @@ def check_variants(ex: str, edition: str) -> list[str]:
             mine = v["findings"].get(task, [])
             if not any(f.pitfall == variant.pitfall and f.title == _(variant.title) and f.fix == _(variant.fix) for f in mine):
                 problems.append(f"{name}: the diagnosis does not name it with its fix: {[str(f) for f in mine]}")
+            if edition == "zh":
+                english = [s for f in mine for s in _latin_sentences(_said(f))]
+                if english:
+                    problems.append(f"{name}: English in the Chinese diagnosis: {english}")
     return problems

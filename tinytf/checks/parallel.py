@@ -70,7 +70,7 @@ def qkv_rows(rows: Sequence[int | None], heads: int, kv_heads: int, d: int) -> s
                             else _("{name} of K/V head {h0}").format(name=name, h0=h0))
         else:
             said.append(_("{name} rows {r0}–{r1}").format(name=name, r0=run[0], r1=run[-1]))
-    return ", ".join(said)
+    return _(", ").join(said)
 
 
 def _labelled(rows: int, cols: int) -> torch.Tensor:

@@ -169,13 +169,18 @@ def explained(namespace: dict[str, Any], probes: dict[str, Probe], named: dict[s
     return {gid: out[gid] + judged.get(gid, []) for gid in tasks}
 
 
-def with_cause(findings: list[Finding], grade_id: str, cause: str) -> list[Finding]:
+def with_cause(findings: list[Finding], grade_id: str, cause: str, *, every: bool = False) -> list[Finding]:
     """``findings`` (from :func:`judge_findings`) with ``cause`` added to the message of ``grade_id``'s
-    finding: a later task's failure that an earlier task explains says so."""
+    finding (``every``: to each of ``findings``, all about that task): a later task's failure that an earlier task
+    explains says so."""
     import dataclasses
 
     def caused(f: Finding) -> Finding:
-        evidence, fix = (f.message.split(" Fix: ", 1) + [""])[:2]
-        return dataclasses.replace(f, message=f"{evidence} — {cause}" + (f" Fix: {fix}" if fix else ""))
+        for lang in ("en", "zh"):  # the fix sentence begins with " Fix: " or its Chinese
+            mark = _(" Fix: {fix}.", lang).split("{fix}", 1)[0]
+            if mark in f.message:
+                evidence, fix = f.message.split(mark, 1)
+                return dataclasses.replace(f, message=f"{evidence} — {cause}{mark}{fix}")
+        return dataclasses.replace(f, message=f"{f.message} — {cause}")
 
-    return [caused(f) if f.title.startswith(f"{grade_id} ") else f for f in findings]
+    return [caused(f) if every or f.title.startswith(f"{grade_id} ") else f for f in findings]

@@ -333,13 +333,12 @@ def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None)
         named["ex08_train"] = [Finding(Pitfall.GENERAL, _("train is missing"), _("the notebook defines no train(...)."),
                                        fix=_("define train(...) in the notebook (keep its name and signature) and run its cell"))]
     found_by = explained(namespace, PROBES, named, only=only)
-    judged = [f for f in found_by.get("ex08_train", []) if f.title.startswith("ex08_train ")]
-    wrong = earlier_parts_wrong(namespace) if judged else []
-    if wrong:  # the graded cell retrains on tinytf's versions: so does the probe (ex08_probes._probe_train)
+    wrong = earlier_parts_wrong(namespace) if found_by.get("ex08_train") and callable(namespace.get("train")) else []
+    if wrong:  # the graded cell retrains on tinytf's versions: so do the probe and the mutants' comparison
         names = ", ".join(f"`{name}`" for name in wrong)
         found_by["ex08_train"] = with_cause(found_by["ex08_train"], "ex08_train", _(
             "train was judged with tinytf's {names}, because yours above {value} wrong; this is train's own mistake").format(
-                names=names, value='is' if len(wrong) == 1 else 'are'))
+                names=names, value='is' if len(wrong) == 1 else 'are'), every=True)
     return found_by
 
 
