@@ -141,6 +141,15 @@ class Notebook:
             return f"{type(err).__name__}: {err}"
         return None
 
+    def graded(self, task: str) -> str | None:
+        """The whole test cell, visible and hidden parts, as the grader runs it (the hidden part draws its own fresh
+        seed); ``None`` when it passes, else ``"Type: message"``."""
+        try:
+            self._run(self.cells[task].source, task)
+        except Exception as err:  # noqa: BLE001 - a failing test cell earns no points
+            return f"{type(err).__name__}: {err}"
+        return None
+
     def hidden(self, task: str, seed: int) -> str | None:
         """``None`` when the hidden test of ``task`` (its probe on ``seed``, then the judge) passes, else why not."""
         try:

@@ -74,7 +74,7 @@ def test_ring_mask_on_the_wrong_diagonal_is_named_with_its_own_fix():
     from tinytf.ring import contiguous_layout
 
     def merge(offset):
-        def fn(m, l, acc, q, k, v, q_start, k_start):
+        def fn(m, l, acc, q, k, v, q_start, k_start):  # noqa: E741 - the online softmax's names
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
             pos_q = q_start + torch.arange(q.size(-2))[:, None]
             pos_k = k_start + torch.arange(k.size(-2))[None, :]

@@ -36,3 +36,18 @@ def test_mutants_fail_and_are_named_correct_solutions_pass(ex, edition, monkeypa
     monkeypatch.setenv("TINYTF_LANG", edition)
     problems = T.check_variants(ex, edition)
     assert not problems, "\n".join(problems)
+
+
+def test_the_global_max_softmax_fails_every_grading(monkeypatch):
+    """Issue 35, section 1: a softmax that subtracts the maximum of the whole tensor passes the visible checks, and its
+    hidden test used to draw inputs that exposed it only sometimes (the same notebook graded 0, 0, 4 and 0 of 4).
+    Now the test cell, hidden part and all, each run on its own fresh seed, fails every time, with the same message."""
+    monkeypatch.setenv("TINYTF_DEVICE", "cpu")
+    nb = T.notebook("ex01", "en")
+    fam = nb.families["ex01_softmax"]
+    [mutant] = [m for m in fam.mutants if m.name == "global_max"]
+    with nb.planted(fam, mutant):
+        assert nb.visible("ex01_softmax") is None, "the visible checks pass: only the hidden part can catch it"
+        runs = [nb.graded("ex01_softmax") for _ in range(6)]
+    assert all(r and r.startswith("AssertionError") for r in runs), runs
+    assert len({r.split(" — ")[0] for r in runs}) == 1, runs  # the same failure every time (the row that overflows)

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from .config import ModelConfig
+from .memory_sizes import FP32, attention_matrix_bytes, dtype_bytes, dtype_name, format_bytes, kv_cache_bytes, tiled_working_set
 from .translation import N_
 from .translation import gettext as _
-from .memory_sizes import FP32, attention_matrix_bytes, dtype_bytes, dtype_name, format_bytes, kv_cache_bytes, tiled_working_set
 
 __all__ = ["parameter_count", "Ledger", "ledger", "OPTIMIZER_STATES", "ATTENTION_PATHS", "INT64", "LEDGER_ROWS", "ledger_label"]
 

@@ -234,7 +234,8 @@ def difference_pattern(got: object, want: object, names: Sequence[str] = ()) -> 
         along = off.movedim(axis, 0).reshape(off.size(axis), -1).any(dim=1)
         if 0 < int(along.sum()) < along.numel():
             idx = along.nonzero().flatten().tolist()
-            label = _("dim {i} ({name})").format(i=axis, name=names[axis]) if axis < len(names) and names[axis] else _("dim {i}").format(i=axis)
+            label = (_("dim {i} ({name})").format(i=axis, name=names[axis]) if axis < len(names) and names[axis]
+                     else _("dim {i}").format(i=axis))
             said.append(_("only {label} indices {idx} differ").format(label=label, idx=_indices(idx)))
             located = True
     if not located:

@@ -7,8 +7,8 @@ Student functions: ``build_padding_mask(lengths, t, device=None) -> bool [B, 1, 
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -20,7 +20,8 @@ from ..judges import judge
 from . import Probe, call_student, check_parts, explained, flat, swapped
 from .validators import bool_mask, close, differs, float_inputs, has_keys, shape_of, shapes, should_be, tensor
 
-__all__ = ["PROBES", "reference_masked_softmax", "reference_renormalise", "tinytf_masked_softmax", "diagnose", "diagnose_tasks", "unchanged"]
+__all__ = ["PROBES", "reference_masked_softmax", "reference_renormalise", "tinytf_masked_softmax", "diagnose", "diagnose_tasks",
+           "unchanged"]
 
 
 def reference_masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -154,7 +154,8 @@ ATTENTION = Family(
         Mutant("swapped_pair", Pitfall.GENERAL, N_("attention_by_hand returns (weights, out)"),
                N_("your pair is (weights, weights @ v): the first entry must be out [..., Tq, dv], the second the weights "
                   "[..., Tq, Tk]."),
-               N_("return out first: return weights @ v, weights"), edits=(("return weights @ v, weights", "return weights, weights @ v"),)),
+               N_("return out first: return weights @ v, weights"),
+               edits=(("return weights @ v, weights", "return weights, weights @ v"),)),
         Mutant("scaled_twice", Pitfall.SCALE, N_("attention_by_hand scales the scores twice"),
                N_("your weights are softmax(q kᵀ / d): scores_by_hand already divides by sqrt(d), and the scores were divided by "
                   "sqrt(d) again."),
@@ -174,7 +175,8 @@ ATTENTION = Family(
                edits=(("softmax_by_hand(scores_by_hand(q, k))", "scores_by_hand(q, k)"),)),
     ),
     correct=(Correct("einsum", edits=(("return weights @ v, weights", 'return torch.einsum("...qk,...kd->...qd", weights, v), weights'),)),
-             Correct("broadcast_sum", edits=(("return weights @ v, weights", "return (weights[..., :, :, None] * v[..., None, :, :]).sum(-2), "
+             Correct("broadcast_sum", edits=(("return weights @ v, weights",
+                                              "return (weights[..., :, :, None] * v[..., None, :, :]).sum(-2), "
                                               "weights"),))),
 )
 

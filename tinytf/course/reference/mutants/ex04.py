@@ -49,7 +49,8 @@ PRE = Family(
                N_("normalise the feed-forward input with norm2: x + ffn(norm2(x))"),
                edits=(("return x + self.ffn(self.norm2(x))", "return x + self.ffn(self.norm1(x))"),)),
     ),
-    correct=(Correct("temporaries", edits=(("x = x + self.attn(self.norm1(x))", "h = self.norm1(x)\n        x = torch.add(x, self.attn(h))"),)),
+    correct=(Correct("temporaries", edits=(("x = x + self.attn(self.norm1(x))",
+                                            "h = self.norm1(x)\n        x = torch.add(x, self.attn(h))"),)),
              Correct("branch_first", edits=(("return x + self.ffn(self.norm2(x))", "return self.ffn(self.norm2(x)) + x"),))),
 )
 
@@ -129,7 +130,8 @@ TRAIN = Family(
                N_("your model is built from tinytf.TransformerBlock whatever block_factory is: the block being compared is never "
                   "trained."),
                N_("build the model from the factory it is given: SequenceModel(block_factory)"),
-               edits=(("model = SequenceModel(block_factory)", "model = SequenceModel(lambda: tinytf.TransformerBlock(DIM, HEADS, TOKENS))"),)),
+               edits=(("model = SequenceModel(block_factory)",
+                       "model = SequenceModel(lambda: tinytf.TransformerBlock(DIM, HEADS, TOKENS))"),)),
         Mutant("tensor_values", Pitfall.GENERAL, N_("train_curve stores tensors, not floats"),
                N_("your curves hold one-element tensors; each entry must be a float (stats['loss'] is one already)."),
                N_("append the floats train_step returns: curve['loss'].append(stats['loss'])"),

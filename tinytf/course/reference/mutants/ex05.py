@@ -27,7 +27,8 @@ ATTENTION = Family(
                N_("with a mask your output is (softmax(scores) * mask) @ v: the padded keys are zeroed after the softmax, so each "
                   "row's weights sum to less than one."), MASK_BEFORE,
                edits=(('scores = scores.masked_fill(~mask, float("-inf"))', "pass"),
-                      ("weights = scores.softmax(dim=-1)", "weights = scores.softmax(dim=-1) if mask is None else scores.softmax(dim=-1) * mask"))),
+                      ("weights = scores.softmax(dim=-1)",
+                       "weights = scores.softmax(dim=-1) if mask is None else scores.softmax(dim=-1) * mask"))),
         Mutant("ignored", Pitfall.MASK, N_("attention ignores the mask"),
                N_("with a mask your output equals the output without it: the padded keys still get weight."), MASK_BEFORE,
                edits=(('scores = scores.masked_fill(~mask, float("-inf"))', "pass"),)),
@@ -47,7 +48,8 @@ ATTENTION = Family(
                N_("softmax over the keys, the last axis: softmax(dim=-1)"),
                facts=lambda value, inputs: {"tq": inputs["q"].size(-2)}, edits=(("softmax(dim=-1)", "softmax(dim=-2)"),)),
     ),
-    correct=(Correct("einsum", edits=(("scores = (q @ k.transpose(-2, -1)) * scale", 'scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale'),)),
+    correct=(Correct("einsum", edits=(("scores = (q @ k.transpose(-2, -1)) * scale",
+                                       'scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale'),)),
              Correct("finfo_min", edits=(('float("-inf")', "torch.finfo(scores.dtype).min"),))),
 )
 
@@ -122,7 +124,8 @@ def _encdec_signature(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, di
 
 ENCDEC = Family(
     task="ex05_encdec", cell="ex05_probe_code", subject="probe_encoder_decoder",
-    source=("def probe_encoder_decoder(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, lengths: torch.Tensor) -> dict[str, float]:\n"
+    source=("def probe_encoder_decoder(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, lengths: torch.Tensor) "
+            "-> dict[str, float]:\n"
             "    real = torch.arange(src.size(1), device=src.device)[None, :] < lengths.to(src.device)[:, None]\n"
             "    with torch.no_grad():\n"
             "        base = model(src, tgt, lengths)\n"
@@ -160,7 +163,8 @@ ENCDEC = Family(
     correct=(Correct("clone_and_fill", edits=(("changed_pad = torch.where(real[..., None], src, torch.randn_like(src))",
                                                "changed_pad = src.clone()\n        changed_pad[~real] = torch.randn_like(src)[~real]"),)),
              Correct("masked_blend", edits=(("changed_real = torch.where(real[..., None], torch.randn_like(src), src)",
-                                             "noise = torch.randn_like(src)\n        changed_real = src * ~real[..., None] + noise * real[..., None]"),))),
+                                             "noise = torch.randn_like(src)\n"
+                                             "        changed_real = src * ~real[..., None] + noise * real[..., None]"),))),
     signature=_encdec_signature,
 )
 

@@ -85,7 +85,8 @@ STEP = Family(
         Mutant("own_key_blocked", Pitfall.CAUSAL_OFF_BY_ONE, N_("attention_step's mask blocks each query's own key"),
                N_("your mask lets the query at position past + i see keys 0 … past + i - 1: one diagonal too low, so the first "
                   "prompt token sees nothing (NaN) and every other misses its own key."), END_ALIGNED,
-               edits=((_MASK, "allowed = torch.ones(t, k_all.size(2), dtype=torch.bool, device=x_new.device).tril(k_all.size(2) - t - 1)"),)),
+               edits=((_MASK, "allowed = torch.ones(t, k_all.size(2), dtype=torch.bool, device=x_new.device)"
+                              ".tril(k_all.size(2) - t - 1)"),)),
         Mutant("start_aligned", Pitfall.CAUSAL_OFF_BY_ONE, N_("attention_step's causal mask is START-aligned"),
                N_("your mask lets new token i see keys 0 … i, counted from the start of the cache: after cached tokens each new "
                   "token loses the last past keys it may see."), END_ALIGNED,

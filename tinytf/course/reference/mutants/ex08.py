@@ -212,7 +212,8 @@ TRAIN = Family(
             "    report = {\"val_loss\": evaluate(model, val_data, block), \"train_loss\": sum(losses[-10:]) / len(losses[-10:]),\n"
             "              \"tokens_per_s\": steps * batch * block / seconds, \"seconds\": seconds, \"memory\": memory,\n"
             "              \"peak_memory_bytes\": memory[\"total\"], \"lrs\": lrs, \"losses\": losses,\n"
-            "              \"conditions\": {\"device\": str(dev), \"dtype\": str(next(model.parameters()).dtype).removeprefix(\"torch.\"),\n"
+            "              \"conditions\": {\"device\": str(dev), "
+            "\"dtype\": str(next(model.parameters()).dtype).removeprefix(\"torch.\"),\n"
             "                             \"batch\": batch, \"block\": block, \"steps\": steps}}\n"
             "    return report, optimizer, scheduler\n"),
     mutants=(
@@ -220,7 +221,8 @@ TRAIN = Family(
                N_("your recorded rates are one step ahead of cosine_lr: scheduler.step() runs before optimizer.step(), so step s "
                   "trains with the rate of step s + 1."),
                N_("call optimizer.step(), then scheduler.step(), once per step"),
-               edits=((_STEP, '        scheduler.step()\n        optimizer.step()\n        lrs.append(optimizer.param_groups[0]["lr"])\n'),)),
+               edits=((_STEP, '        scheduler.step()\n        optimizer.step()\n'
+                              '        lrs.append(optimizer.param_groups[0]["lr"])\n'),)),
         Mutant("scheduler_never_steps", Pitfall.GENERAL, N_("train never steps the scheduler"),
                N_("your rate stays at the first step's value: scheduler.step() is never called."),
                N_("call scheduler.step() after each optimizer.step()"),
@@ -238,7 +240,8 @@ TRAIN = Family(
                N_("your recorded rates are one step ahead of cosine_lr while the training itself is right: the rate is read "
                   "after scheduler.step()."),
                N_("record optimizer.param_groups[0]['lr'] before scheduler.step()"),
-               edits=((_STEP, '        optimizer.step()\n        scheduler.step()\n        lrs.append(optimizer.param_groups[0]["lr"])\n'),)),
+               edits=((_STEP, '        optimizer.step()\n        scheduler.step()\n'
+                              '        lrs.append(optimizer.param_groups[0]["lr"])\n'),)),
         Mutant("val_before_training", Pitfall.GENERAL, N_("train evaluates before training"),
                N_("your val_loss is the untrained model's: evaluate runs before the loop, not on the trained model."),
                N_("evaluate after the loop: val_loss = evaluate(model, val_data, block)"),
@@ -247,7 +250,8 @@ TRAIN = Family(
                       ('"val_loss": evaluate(model, val_data, block)', '"val_loss": val_loss'))),
     ),
     correct=(Correct("item", edits=(("losses.append(float(loss.detach()))", "losses.append(loss.item())"),)),
-             Correct("lr_from_scheduler", edits=(('lrs.append(optimizer.param_groups[0]["lr"])', "lrs.append(scheduler.get_last_lr()[0])"),))),
+             Correct("lr_from_scheduler", edits=(('lrs.append(optimizer.param_groups[0]["lr"])',
+                                                  "lrs.append(scheduler.get_last_lr()[0])"),))),
     signature=_train_signature,
     reruns=("ex08_c20", "ex08_c24"),
     affects=("ex08_ckpt",),
@@ -291,7 +295,8 @@ CKPT = Family(
     ),
     correct=(Correct("eval_after", edits=((_LOAD, "model = ckpt.model.to(device)\n    model.eval()\n    return model, ckpt"),)),
              Correct("keyword_args", edits=(("tinytf.save_checkpoint(path, model, optimizer, scheduler, step=step)",
-                                             "tinytf.save_checkpoint(path, model, optimizer=optimizer, scheduler=scheduler, step=step)"),))),
+                                             "tinytf.save_checkpoint(path, model, optimizer=optimizer, scheduler=scheduler, "
+                                             "step=step)"),))),
     reruns=("ex08_c24",),
 )
 

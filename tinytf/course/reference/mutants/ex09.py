@@ -117,7 +117,8 @@ MEMORY = Family(
         Mutant("tiles_kept", Pitfall.EXPLICIT_IN_PRODUCTION, N_("tiled_forward keeps every tile"),
                N_("your loop keeps each tile's scores in a list: by the end the tiles add up to the whole score matrix."),
                N_("let each tile's scores go after its update: keep only m, l and acc between tiles"),
-               edits=(("    out = q.new_zeros(*q.shape[:-1], v.size(-1))", "    out = q.new_zeros(*q.shape[:-1], v.size(-1))\n    kept = []"),
+               edits=(("    out = q.new_zeros(*q.shape[:-1], v.size(-1))",
+                       "    out = q.new_zeros(*q.shape[:-1], v.size(-1))\n    kept = []"),
                       (_S, _S + "\n            kept.append(s)"))),
     ),
     correct=(Correct("einsum_scores", edits=((_S, 's = torch.einsum("...qd,...kd->...qk", q_i, k[..., k0:k1, :])'),)),
@@ -183,7 +184,8 @@ CAUSAL = Family(
                       ("        out[..., q0:q1, :] = acc / l.masked_fill(l == 0, 1.0)",
                        "        computed += 1\n        out[..., q0:q1, :] = acc / l.masked_fill(l == 0, 1.0)"))),
     ),
-    correct=(Correct("ceil_blocks", edits=(("range(0, offset + q1, block_k)", "range(0, block_k * -(-(offset + q1) // block_k), block_k)"),)),
+    correct=(Correct("ceil_blocks", edits=(("range(0, offset + q1, block_k)",
+                                            "range(0, block_k * -(-(offset + q1) // block_k), block_k)"),)),
              Correct("where_mask", edits=((_UPDATE, 'm, l, acc = online_softmax_update(m, l, acc, torch.where(allowed, s, '
                                                     'torch.tensor(float("-inf"))), v[..., k0:k1, :])'),))),
 )

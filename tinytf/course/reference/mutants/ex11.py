@@ -66,8 +66,10 @@ SPLIT = Family(
     ),
     correct=(Correct("index_lists", edits=((_CAT, "hq, hk = heads // world, kv_heads // world\n"
                                                   "    rows = [h * d + i for h in range(rank * hq, (rank + 1) * hq) for i in range(d)]\n"
-                                                  "    rows += [heads * d + h * d + i for h in range(rank * hk, (rank + 1) * hk) for i in range(d)]\n"
-                                                  "    rows += [(heads + kv_heads) * d + h * d + i for h in range(rank * hk, (rank + 1) * hk) "
+                                                  "    rows += [heads * d + h * d + i for h in range(rank * hk, (rank + 1) * hk) "
+                                                  "for i in range(d)]\n"
+                                                  "    rows += [(heads + kv_heads) * d + h * d + i "
+                                                  "for h in range(rank * hk, (rank + 1) * hk) "
                                                   "for i in range(d)]\n"
                                                   "    return weight[rows]"),)),
              Correct("chunk_parts", edits=((_CAT, "return torch.cat([w_q.chunk(world)[rank], w_k.chunk(world)[rank], "
@@ -99,7 +101,8 @@ ROW = Family(
                edits=((_ROW, "return comm.all_reduce(partial) / comm.world + bias"),)),
         Mutant("weight_not_transposed", Pitfall.ORIENTATION, N_("row_parallel multiplies by the weight, not its transpose"),
                N_("x @ weight fails (or mixes the wrong axes): the weight is [out, in / P], so the partial product is x @ weight.T."),
-               N_("multiply by the transposed weight: partial = x @ weight.T"), edits=(("partial = x @ weight.T", "partial = x @ weight"),)),
+               N_("multiply by the transposed weight: partial = x @ weight.T"),
+               edits=(("partial = x @ weight.T", "partial = x @ weight"),)),
         Mutant("input_reduced", Pitfall.GENERAL, N_("row_parallel all-reduces the input"),
                N_("your ranks sum their input slices before the product: each rank then multiplies the sum of different features "
                   "by its own columns, which is no part of x @ weight.T."),
