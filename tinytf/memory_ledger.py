@@ -146,8 +146,10 @@ class Ledger:
         total = max(self.total, 1)
         for name, n in self.components().items():
             indent = "  " if name in self.ACTIVATIONS else ""
-            rows.append(f"  {_pad(indent + _(COMPONENT_LABELS[name]), 28)}{format_bytes(n):>12}  {100 * n / total:5.1f}%")
-        rows.append(f"  {_pad(_('total'), 28)}{format_bytes(self.total):>12}")
+            label = indent + _(COMPONENT_LABELS[name])
+            rows.append(f"  {_pad(label, 28)}{format_bytes(n):>12}  {100 * n / total:5.1f}%")
+        label = _("total")
+        rows.append(f"  {_pad(label, 28)}{format_bytes(self.total):>12}")
         return "\n".join(rows)
 
     def __str__(self) -> str:
