@@ -325,6 +325,12 @@ def check_variants(ex: str, edition: str) -> list[str]:
             failed = [v["visible"][task] is not None or v["hidden"][task][i] is not None for i in range(len(SEEDS))]
             if not all(failed):
                 problems.append(f"{name}: passes its tests on the seeds {[s for s, f in zip(SEEDS, failed) if not f]}")
+            if edition == "en" and variant is fam.mutants[0]:  # fam.affects is complete: the whole diagnosis agrees
+                with nb.planted(fam, variant):
+                    everywhere = nb.diagnose()
+                stray = {t: [str(f) for f in fs] for t, fs in everywhere.items() if fs and t not in (task, *fam.affects)}
+                if stray:
+                    problems.append(f"{name}: findings on tasks outside {(task, *fam.affects)} (add them to the family's affects): {stray}")
             mine = v["findings"].get(task, [])
             if not any(f.pitfall == variant.pitfall and f.title == _(variant.title) and f.fix == _(variant.fix) for f in mine):
                 problems.append(f"{name}: the diagnosis does not name it with its fix: {[str(f) for f in mine]}")

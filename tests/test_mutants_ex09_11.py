@@ -1,4 +1,5 @@
-"""Exercises 09-11: the generated mutants (tinytf/course/reference/mutants/) as students' notebooks, judged in-process.
+"""Exercises 09-11 and every later one: the generated mutants (tinytf/course/reference/mutants/) as students' notebooks,
+judged in-process.
 
 Per exercise and edition: every mutant fails a visible or hidden test on every seed and the diagnosis names it
 (its pitfall, its title) with the fix that undoes it; the reference and two other correct solutions per task earn
@@ -11,9 +12,11 @@ from __future__ import annotations
 import _mutants as T
 import pytest
 
+from tinytf.course.exercises import EXERCISES as ALL
+
 pytestmark = pytest.mark.grading  # executes each instructor notebook once per edition: make unit, not make test-fast
 
-EXERCISES = tuple(f"ex{n:02d}" for n in range(9, 11 + 1))
+EXERCISES = tuple(ex for ex in ALL if ex >= "ex09")  # and every exercise added after them: each needs its mutants
 
 
 @pytest.mark.parametrize("ex", EXERCISES)

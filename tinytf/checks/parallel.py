@@ -69,7 +69,8 @@ def qkv_rows(rows: Sequence[int | None], heads: int, kv_heads: int, d: int) -> s
                 said.append(_("{name} of K/V heads {h0}–{h1}").format(name=name, h0=h0, h1=h1) if h1 > h0
                             else _("{name} of K/V head {h0}").format(name=name, h0=h0))
         else:
-            said.append(_("{name} rows {r0}–{r1}").format(name=name, r0=run[0], r1=run[-1]))
+            said.append(_("{name} rows {r0}–{r1}").format(name=name, r0=run[0], r1=run[-1]) if len(run) > 1
+                        else _("{name} row {r0}").format(name=name, r0=run[0]))
     return _(", ").join(said)
 
 

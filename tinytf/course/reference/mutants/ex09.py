@@ -121,6 +121,7 @@ MEMORY = Family(
                        "    out = q.new_zeros(*q.shape[:-1], v.size(-1))\n    kept = []"),
                       (_S, _S + "\n            kept.append(s)"))),
     ),
+    affects=("ex09_tiled",),
     correct=(Correct("einsum_scores", edits=((_S, 's = torch.einsum("...qd,...kd->...qk", q_i, k[..., k0:k1, :])'),)),
              Correct("tile_then_scale", edits=(("q_i = q[..., q0:q1, :] / math.sqrt(q.size(-1))", "q_i = q[..., q0:q1, :]"),
                                                (_S, _S + " / math.sqrt(q.size(-1))")))),
