@@ -216,9 +216,10 @@ def slices_relation(got: object, want: object, dim: int, name: str) -> str:
         name=name, mine=_indices(list(range(len(found_at))), 12), theirs=_indices([int(j) for j in found_at], 12))
 
 
-def difference_pattern(got: object, want: object, names: Sequence[str] = ()) -> str:
+def difference_pattern(got: object, want: object, names: Sequence[str] = (), *, spread: bool = True) -> str:
     """Where two tensors of one shape differ, in words: "only dim 2 (Tq) indices 0, 3 differ" (the axes along which
-    the differences are confined), "NaN at …", or "every entry differs"; ``""`` when they agree or cannot be compared."""
+    the differences are confined), "NaN at …", or (``spread``) how many entries differ when no axis confines them;
+    ``""`` when they agree or cannot be compared."""
     import torch
 
     if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)) or got.shape != want.shape or got.numel() == 0:
@@ -238,6 +239,6 @@ def difference_pattern(got: object, want: object, names: Sequence[str] = ()) -> 
                      else _("dim {i}").format(i=axis))
             said.append(_("only {label} indices {idx} differ").format(label=label, idx=_indices(idx)))
             located = True
-    if not located:
+    if not located and spread:
         said.append(_("{n} of {total} entries differ, spread over every axis").format(n=int(off.sum()), total=off.numel()))
     return "; ".join(said)
