@@ -298,6 +298,7 @@ def check_variants(ex: str, edition: str) -> list[str]:
     with no finding; validate's predicted points are the grader's on every seed. Returns the problems (empty: none)."""
     import os
 
+    from tinytf.checks.findings import fix_sentence
     from tinytf.translation import gettext as _
 
     os.environ["TINYTF_LANG"] = edition
@@ -332,7 +333,9 @@ def check_variants(ex: str, edition: str) -> list[str]:
                 if stray:
                     problems.append(f"{name}: findings on tasks outside {(task, *fam.affects)} (add them to the family's affects): {stray}")
             mine = v["findings"].get(task, [])
-            if not any(f.pitfall == variant.pitfall and f.title == _(variant.title) and f.fix == _(variant.fix) for f in mine):
+            fix = "" if variant.catalog_fix else _(variant.fix)  # "": the catalog's fix, printed by the finding's message
+            if not any(f.pitfall == variant.pitfall and f.title == _(variant.title) and f.fix == fix
+                       and (fix or f.text.endswith(fix_sentence(_(variant.pitfall.fix)))) for f in mine):
                 problems.append(f"{name}: the diagnosis does not name it with its fix: {[str(f) for f in mine]}")
             if edition == "zh":
                 english = [s for f in mine for s in _latin_sentences(_said(f))]

@@ -62,6 +62,12 @@ class Mutant:
     bind: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     facts: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
 
+    @property
+    def catalog_fix(self) -> bool:
+        """Whether the catalog's one-line fix of ``pitfall`` is the fix that undoes this mutant (its own ``fix`` says it
+        too, maybe with more): the finding then prints the catalog's, the single source of that wording."""
+        return self.pitfall is not Pitfall.GENERAL and self.pitfall.fix.replace("`", "") in self.fix
+
     def finding(self, value: Any, inputs: dict[str, Any]) -> Finding:
         """The finding a student whose code behaves like this mutant gets (in the running notebook's language)."""
         evidence = _(self.evidence)
@@ -70,7 +76,7 @@ class Mutant:
                 evidence = evidence.format(**self.facts(value, inputs))
             except Exception:  # noqa: BLE001 - a student's odd value must not cost the diagnosis: the sentence without its facts
                 evidence = evidence.split("{", 1)[0].rstrip(" :(")
-        return found(self.pitfall, _(self.title), evidence, fix=_(self.fix))
+        return found(self.pitfall, _(self.title), evidence, fix=True if self.catalog_fix else _(self.fix))
 
 
 @dataclass(frozen=True)
