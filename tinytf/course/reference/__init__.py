@@ -4,10 +4,13 @@
 - judges: ``@judge("exNN_…")`` functions (see :mod:`tinytf.course.judges`) that recompute the
   reference from the inputs a hidden test exported with :func:`tinytf.course.record.record`,
   checked with the shared validators of :mod:`tinytf.course.reference.validators`;
-- ``diagnose(namespace: dict) -> list[tinytf.checks.Finding]`` (optional): run the
-  :mod:`tinytf.checks` detectors on the student's functions found in ``namespace`` and say which
-  pitfall is wrong, in plain language. :func:`check_parts` runs one check per student object and
-  :func:`call_student` calls the student's code, so that neither a missing name nor a crash escapes;
+- ``PROBES``: ``{grade_id: probe(namespace, generator) -> (value, inputs)}``, what each hidden test runs: the
+  inputs that expose each of the task's pitfalls, always, plus fresh random ones;
+- ``diagnose_tasks(namespace, only=None) -> {grade_id: [Finding]}`` and ``diagnose(namespace)`` (its findings
+  as one list): the :mod:`tinytf.checks` detectors and named checks of each task, then :func:`explained`: the
+  task's mutants (:mod:`.mutants`: the plausible mistakes, generated from the reference solution) say what a
+  wrong result is, and the judges decide on fresh inputs. :func:`check_parts` runs one check per student object
+  and :func:`call_student` calls the student's code, so that neither a missing name nor a crash escapes;
   :func:`swapped` runs a later task on tinytf's reference for the earlier ones (each task on its own).
 """
 
