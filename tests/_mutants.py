@@ -232,6 +232,11 @@ FEWER = {  # tasks that allow fewer than five plausible mistakes, and why
 }
 
 
+VISIBLE_ONLY = {  # mutants only the visible test can catch, and why
+    "ex06_bench/str_keys": "the hidden test reads the results through JSON, whose keys are strings either way",
+}
+
+
 def check_cover(ex: str) -> None:
     """Every autograded task of ``ex`` has a family: at least five mutants (or the reason in :data:`FEWER`), two other
     correct solutions, distinct names."""
@@ -326,6 +331,9 @@ def check_variants(ex: str, edition: str) -> list[str]:
             failed = [v["visible"][task] is not None or v["hidden"][task][i] is not None for i in range(len(SEEDS))]
             if not all(failed):
                 problems.append(f"{name}: passes its tests on the seeds {[s for s, f in zip(SEEDS, failed) if not f]}")
+            hidden = [v["hidden"][task][i] is not None for i in range(len(SEEDS))]
+            if not all(hidden) and name not in VISIBLE_ONLY:  # the hidden test's fixed inputs expose it, whatever the seed
+                problems.append(f"{name}: its hidden test passes on the seeds {[s for s, f in zip(SEEDS, hidden) if not f]}")
             if edition == "en" and variant is fam.mutants[0]:  # fam.affects is complete: the whole diagnosis agrees
                 with nb.planted(fam, variant):
                     everywhere = nb.diagnose()

@@ -72,7 +72,7 @@ def _probe_generate(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.5)
         model.eval()
-        prompt = torch.randint(0, config["vocab"], (_size(gen, 1, 3), _size(gen, 1, 8)), generator=gen)
+        prompt = torch.randint(0, config["vocab"], (_size(gen, 1, 3), _size(gen, 2, 8)), generator=gen)  # T >= 2: first != last
         if _greedy_tokens_differ(model, prompt):
             break
     ids, logits = ns["generate_two_step"](model, prompt, KVCache.for_model(model, prompt.size(0)))
