@@ -180,9 +180,11 @@ def _diagnose_softmax(fn: Any) -> list[Finding]:
                       _("scores {scores_shape} must give weights of the same shape.").format(scores_shape=list(scores.shape)),
                       fix=_("reduce with keepdim=True and divide elementwise: e / e.sum(dim=-1, keepdim=True)"))]
     if not torch.allclose(w.sum(-1), torch.ones(scores.shape[:-1]), atol=1e-4):
-        return [found(Pitfall.ORIENTATION, _("softmax_by_hand: rows do not sum to one"),
-                      _("the weights must be normalised over the keys, the last axis."),
-                      fix=_("e / e.sum(dim=-1, keepdim=True): sum over the keys (dim=-1), not the queries"))]
+        sums = w.sum(-1).flatten()[:4].tolist()  # the symptom only: the axis mistakes are the mutants' (queries, heads)
+        return [found(Pitfall.GENERAL, _("softmax_by_hand: rows do not sum to one"),
+                      _("each row (one query, all keys) must sum to one; yours sum to {sums} …").format(
+                          sums=", ".join(f"{x:.3g}" for x in sums)),
+                      fix=_("print e.sum(dim=-1) of your weights: every entry must be 1; divide each row by its own sum"))]
     if not torch.allclose(w, scores.softmax(-1), atol=1e-5):
         return [found(Pitfall.GENERAL, _("softmax_by_hand: wrong values"),
                       differs("softmax_by_hand(scores)", w, scores.softmax(-1), _("scores {scores_shape}").format(

@@ -125,6 +125,11 @@ SOFTMAX = Family(
                N_("your weights are the softmax over dim -2, the queries: every column sums to one, the rows do not."),
                N_("normalise over the keys, the last axis: dim=-1 in both the maximum and the sum"),
                edits=(("amax(dim=-1", "amax(dim=-2"), ("e.sum(dim=-1", "e.sum(dim=-2"))),
+        Mutant("over_heads", Pitfall.ORIENTATION, N_("softmax_by_hand: rows do not sum to one (it normalises over dim 1)"),
+               N_("your weights are the softmax over dim 1 (the heads of [B, H, Tq, Tk] scores): the rows do not sum to one; "
+                  "the weights must be normalised over the keys, the last axis."),
+               N_("sum over the keys (dim=-1): the maximum and the sum both over dim=-1, e / e.sum(dim=-1, keepdim=True)"),
+               edits=(("amax(dim=-1", "amax(dim=1"), ("e.sum(dim=-1", "e.sum(dim=1"))),
         Mutant("global_sum", Pitfall.GENERAL, N_("softmax_by_hand divides by the sum of the whole tensor"),
                N_("your weights are exp(shifted) / exp(shifted).sum() over every entry: all weights together sum to one, each row "
                   "only to its share."),

@@ -61,8 +61,11 @@ def _bench_signature(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dic
     with swapped(ns, saved_tensor_bytes=saved_bytes):
         res = ns["benchmark_attention"](ts, batch=1, heads=1, head_dim=4, dtype=torch.float32, causal=True, warmup=0, repeats=1,
                                         device="cpu")
-    out: dict[str, Any] = {"keys": sorted(res), "conditions": sorted(res.get("conditions", {}))}
-    out["mask"] = res.get("conditions", {}).get("mask")
+    from ..ex06 import CONDITION_KEYS
+
+    conditions = res.get("conditions", {}) if isinstance(res.get("conditions"), dict) else {}
+    out: dict[str, Any] = {"paths": sorted(k for k in res if k != "conditions"), "conditions": all(k in conditions for k in CONDITION_KEYS)}
+    out["mask"] = conditions.get("mask")
     for name in ("explicit", "sdpa"):
         table = res.get(name, {})
         out[name] = {repr(t): int(row["saved_bytes"]) for t, row in table.items()} if isinstance(table, dict) else None

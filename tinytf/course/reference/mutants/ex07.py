@@ -91,6 +91,10 @@ STEP = Family(
                N_("your mask lets new token i see keys 0 … i, counted from the start of the cache: after cached tokens each new "
                   "token loses the last past keys it may see."), END_ALIGNED,
                edits=((_MASK, "allowed = torch.ones(t, k_all.size(2), dtype=torch.bool, device=x_new.device).tril()"),)),
+        Mutant("square_mask", Pitfall.GENERAL, N_("attention_step's mask ignores the cached tokens"),
+               N_("your mask is causal_mask(t), [t, t]: it fits the scores [t, past + t] only when nothing is cached or t = 1, so "
+                  "several new tokens after cached ones fail (e.g. 2 new tokens after 3 cached ones need a [2, 5] mask, END-aligned)."),
+               END_ALIGNED, edits=((_MASK, "allowed = tinytf.causal_mask(t, device=x_new.device)"),)),
         Mutant("no_mask", Pitfall.CAUSAL_OFF_BY_ONE, N_("attention_step has no causal mask"),
                N_("your prompt tokens see the tokens after them: at prefill every query reads every key."), END_ALIGNED,
                edits=(('weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)', "weights = scores.softmax(dim=-1)"),)),
