@@ -319,8 +319,15 @@ def test_ex01_diagnose_names_the_pitfall(reference_runs):
     assert "attention_by_hand" not in _titles(unscaled), "Task 1d is judged on tinytf's scores, not on the wrong ones"
     assert Pitfall.SCALE in _pitfalls(variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1) / q.size(-1)))
     assert Pitfall.ORIENTATION in _pitfalls(variant(scores_by_hand=lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.size(-1))))
-    wrong_axis = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-2, keepdim=True))
-    assert Pitfall.ORIENTATION in _pitfalls(wrong_axis) and "sum to one" in _titles(wrong_axis)
+    def over_queries(s):
+        e = (s - s.amax(-2, keepdim=True)).exp()
+        return e / e.sum(-2, keepdim=True)
+
+    wrong_axis = variant(softmax_by_hand=over_queries)
+    assert Pitfall.ORIENTATION in _pitfalls(wrong_axis) and "normalises over the queries" in _titles(wrong_axis)
+    two_mistakes = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-2, keepdim=True))  # no shift and the wrong axis
+    assert "sum to one" in _titles(two_mistakes) and "queries" not in " ".join(f.fix for f in two_mistakes), (
+        "no single mistake fits: the symptom, and no fix that belongs to another mistake")
     overflow = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-1, keepdim=True))
     assert "overflows" in _titles(overflow)
     assert "(out, weights)" in _titles(variant(attention_by_hand=lambda q, k, v: ns["attention_by_hand"](q, k, v)[0]))
