@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from .device import describe_device, intra_op_threads, synchronize
 from .memory import PeakMemoryMeter, format_bytes
+from .translation import gettext
 
 __all__ = ["BenchResult", "benchmark", "one_thread", "percentile", "sdpa_backend", "cpu_load", "decode_step_times"]
 
@@ -88,11 +89,13 @@ class BenchResult:
         """One line: median (p50/p99), tokens/s, peak memory, then where and how it ran."""
         c = self.conditions
         shape = ", ".join(f"{k}={c[k]}" for k in ("B", "T", "heads", "dtype", "backend") if k in c)
-        tps = f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""
-        mem = f", peak {format_bytes(self.peak_bytes)}" if self.peak_bytes is not None else ""
-        where = c["device_name"] + ("" if self.on_gpu else " — a CPU figure, says nothing about a GPU")
-        return (f"{self.name}: median {self.median_ms:.3f} ms (p50 {self.p50_ms:.3f}, p99 {self.p99_ms:.3f}){tps}{mem} "
-                f"[{shape}; warmup {c['warmup']}, iters {c['iters']}, torch {c['torch']}; {where}]")
+        tps = gettext(", {tps:,.0f} tokens/s").format(tps=self.tokens_per_s) if self.tokens_per_s else ""
+        mem = gettext(", peak {peak}").format(peak=format_bytes(self.peak_bytes)) if self.peak_bytes is not None else ""
+        where = c["device_name"] + ("" if self.on_gpu else gettext(" — a CPU figure, says nothing about a GPU"))
+        return gettext("{name}: median {median:.3f} ms (p50 {p50:.3f}, p99 {p99:.3f}){tps}{mem} [{shape}; warmup {warmup}, iters {iters}, "
+                 "torch {torch}; {where}]").format(name=self.name, median=self.median_ms, p50=self.p50_ms, p99=self.p99_ms, tps=tps,
+                                                  mem=mem, shape=shape, warmup=c["warmup"], iters=c["iters"], torch=c["torch"],
+                                                  where=where)
 
     def __str__(self) -> str:
         return self.summary()
