@@ -5,11 +5,12 @@ chapter's own cells, which CI executes."""
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
 import torch
-from _claims import code_cell, prose, stated
+from _claims import code_cell, editions, prose, stated
 
 from tinytf.alibi import alibi_slopes
 
@@ -86,3 +87,18 @@ def test_check_yourself_answers(text):
 
 def test_references_cited(text):
     stated(text, "arXiv:1706.03762", "arXiv:2104.09864", "arXiv:2108.12409", "arXiv:2306.15595", "arXiv:2309.00071")
+
+
+def test_the_extrapolation_table_is_one_markdown_table():
+    """The accuracy table is displayed as one markdown table: header, rule and rows in one ``Markdown`` (a header
+    displayed alone renders as an empty table and the rows after it as plain text with pipes)."""
+    for lang, path in editions(CHAPTER).items():
+        cells = [c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["id"] == "c13-extrapolate"]
+        assert len(cells) == 1, lang
+        source = "".join(cells[0]["source"])
+        shown = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "Markdown"]
+        assert len(shown) == 1, f"{lang}: the table must be one Markdown display, found {len(shown)}"
+        [joined] = shown[0].args
+        items = joined.args[0].elts  # "\n".join([header, rule, *table_rows])
+        assert len(items) == 3 and items[1].value == "|---|---|---|---|" and ast.unparse(items[2]) == "*table_rows", lang
+        assert items[0].value.startswith("| ") and items[0].value.count("|") == 5, lang

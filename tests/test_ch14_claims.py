@@ -6,6 +6,7 @@ test_mixed_precision."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -76,3 +77,16 @@ def test_the_chapter_runs_fast_and_names_its_pitfalls(text):
 
 def test_references_cited(text):
     stated(text, "*Mixed Precision Training*", "*LLM.int8()*", "*Scaling Vision Transformers to 22 Billion Parameters*", "*PyTorch 2*")
+
+
+def test_check_yourself_names_only_ops_the_dtype_table_lists(text):
+    """Check-yourself question 5 reads the autocast dtype table of section 6: it may name only the operations that
+    table lists (``tinytf.profiling.COMPUTE_OPS``: the ops that do the arithmetic, ``aten::addmm`` but not the
+    ``aten::linear`` that calls it)."""
+    from tinytf.profiling import COMPUTE_OPS
+
+    assert "aten::addmm" in COMPUTE_OPS and "aten::linear" not in COMPUTE_OPS
+    for lang, prose_text in text.items():
+        quiz = prose_text[prose_text.index("## Check yourself" if lang == "en" else "## 自我检测"):]
+        named = set(re.findall(r"aten::\w+", quiz))
+        assert named and named <= set(COMPUTE_OPS), (lang, named - set(COMPUTE_OPS))

@@ -185,3 +185,15 @@ def test_papermill_can_override_the_parameters(skeleton: Skeleton, path: Path):
     scope: dict = {}
     exec(compile(injected.source, "injected", "exec"), scope)  # noqa: S102 - papermill's own generated code
     assert scope["device"] == "cuda" and scope["fast"] is False
+
+
+@pytest.mark.parametrize("folder", ["notebooks", "notebooks/zh"])
+def test_the_exercises_chapter_describes_every_exercise(folder: str):
+    """Chapter 09's "What each one practises" list has a line for every exercise in solutions/ (a new exercise
+    added to the course and the table but not to the list was ex12's omission)."""
+    exercises = sorted(p.name[:4] for p in (ROOT / "solutions").glob("ex[0-9][0-9]_*.ipynb"))
+    assert len(exercises) >= 12, exercises
+    nb = nbformat.read(ROOT / folder / "09_exercises.ipynb", as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    listed = re.findall(r"^- \*\*(ex\d\d)\*\* ", text, re.M)
+    assert listed == exercises, f"{folder}/09_exercises.ipynb lists {listed}, the course has {exercises}"

@@ -396,3 +396,87 @@ def test_every_figure_label_is_chinese_in_a_chinese_notebook(monkeypatch):
         assert any(re.search("[\u4e00-\u9fff]", t) for t in said), (name, said)
         assert not [t for t in said if _latin_sentences(t)], (name, [_latin_sentences(t) for t in said])
     plt.close("all")
+
+
+def _typed_in_scale(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) / 8  # sqrt(64) typed in
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def _pad_counted(logits, ids, pad_id=None):
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
+
+
+def _one_ring_buffer(q, k, v, *, layout, comm, is_causal):
+    """One rank's ring forward that receives into the block it computes with (one buffer, not two)."""
+    def positions_of(chunks):
+        return torch.cat([torch.arange(a, b) for a, b in chunks])
+
+    m = q.new_full((*q.shape[:-1], 1), -math.inf)
+    total, acc, held = torch.zeros_like(m), torch.zeros_like(q), [k, v]
+    for step in range(comm.world):
+        src = (comm.rank - step) % comm.world
+        pending = comm.post_exchange(held, held) if step < comm.world - 1 else None
+        s = q @ held[0].transpose(-2, -1) / math.sqrt(q.size(-1))
+        s = s.masked_fill(positions_of(layout[src])[None, :] > positions_of(layout[comm.rank])[:, None], -math.inf)
+        m, total, acc = tinytf.online_softmax_update(m, total, acc, s, held[1])
+        if pending is not None:
+            held = pending.wait()
+    return tinytf.online_softmax_finish(m, total, acc)[0]
+
+
+def test_the_checks_join_their_chinese_sentences(monkeypatch):
+    """The glue between the parts of a finding is Chinese too: no English "and", "on", "(want ...)", "; " or
+    a sentence fragment after "。", and no space after Chinese punctuation (chapter 08's and 12's printouts)."""
+    from tinytf.checks import diagnose_overlapped_ring, diagnose_qkv_split
+
+    monkeypatch.setenv("TINYTF_LANG", "zh")
+    findings = {
+        "typed-in scale": diagnose_attention(_typed_in_scale),
+        "padding counted": diagnose_lm_loss(_pad_counted),
+        "unshifted": WRONG_CHECKS["unshifted LM loss"](),
+        "one-piece QKV split": diagnose_qkv_split(lambda w, rank, world, heads, kv_heads: w.chunk(world)[rank]),
+        "one ring buffer": diagnose_overlapped_ring(_one_ring_buffer),
+    }
+    assert len(findings) == 5 and all(findings.values()), {k: len(v) for k, v in findings.items()}
+    for name, found in findings.items():
+        text = report(found)
+        prose_only = re.sub(r"\[[^\]]*\]|\w+\([^()]*\)", "", text)  # [W_q; W_k; W_v], shapes, calls: code, not prose
+        for english in (" and ", "(want ", " on ", "; ", "。 ", "； ", "contiguous", "for rank"):
+            assert english not in prose_only, f"{name}: {english!r} in\n{text}"
+        assert not _latin_sentences(prose_only), f"{name}:\n{text}"
+    assert "出现在" in report(findings["one ring buffer"]) and "连续拆分" in report(findings["one ring buffer"])
+
+
+def test_the_model_api_speaks_chinese(monkeypatch):
+    """lm, generate and bench: the errors, the warning and the benchmark line a chapter prints read Chinese
+    under zh (chapter 13's position table and max_tokens messages, chapter 14's benchmark line)."""
+    import warnings
+
+    from tinytf.bench import benchmark, sdpa_backend
+
+    model = tinytf.TinyLanguageModel(vocab=16, dim=16, heads=2, layers=1, max_tokens=8)
+    monkeypatch.setenv("TINYTF_LANG", "zh")
+    said = []
+    for call in (lambda: model(torch.zeros(1, 9, dtype=torch.long)),
+                 lambda: model(torch.zeros(1, 9)),
+                 lambda: tinytf.lm_loss(torch.zeros(1, 3, 16), torch.zeros(1, 4, dtype=torch.long)),
+                 lambda: tinytf.generate(model, torch.zeros(4, dtype=torch.long), 2),
+                 lambda: tinytf.generate(model, torch.zeros(1, 9, dtype=torch.long), 2)):
+        with pytest.raises(ValueError) as err:
+            call()
+        said.append(str(err.value))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tinytf.generate(model, torch.zeros(1, 4, dtype=torch.long), 8)
+    said.append(str(caught[0].message))
+    q = torch.randn(1, 2, 8, 4)
+    said += [str(benchmark(lambda: q @ q.transpose(-1, -2), warmup=1, iters=2, name="q @ kᵀ")),
+             sdpa_backend(q, q, q, is_causal=True), sdpa_backend(q, q, q, attn_mask=torch.zeros(2, 8, 8))]
+    assert len(said) == 9
+    assert "max_tokens=8" in said[0] and "[1, 9]" in said[0] and "positions='rope'" in said[0], said[0]
+    assert "max_tokens=8" in said[5] and "4 个新 token" in said[5], said[5]
+    for text in said:
+        assert re.search("[\u4e00-\u9fff]", text) and not _latin_sentences(text), text

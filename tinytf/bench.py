@@ -26,7 +26,8 @@ import torch.nn.functional as F
 
 from .device import describe_device, intra_op_threads, synchronize
 from .memory import PeakMemoryMeter, format_bytes
-from .translation import gettext
+from .translation import N_
+from .translation import gettext as _
 
 __all__ = ["BenchResult", "benchmark", "one_thread", "percentile", "sdpa_backend", "cpu_load", "decode_step_times"]
 
@@ -42,7 +43,7 @@ def one_thread() -> Iterator[None]:
 
 # which kernel F.scaled_dot_product_attention dispatched to, by the aten op it called
 _SDPA_KERNELS = {
-    "_scaled_dot_product_flash_attention_for_cpu": "flash (fused CPU kernel)",
+    "_scaled_dot_product_flash_attention_for_cpu": N_("flash (fused CPU kernel)"),
     "_scaled_dot_product_flash_attention": "flash",
     "_scaled_dot_product_efficient_attention": "mem-efficient",
     "_scaled_dot_product_cudnn_attention": "cudnn",
@@ -89,13 +90,13 @@ class BenchResult:
         """One line: median (p50/p99), tokens/s, peak memory, then where and how it ran."""
         c = self.conditions
         shape = ", ".join(f"{k}={c[k]}" for k in ("B", "T", "heads", "dtype", "backend") if k in c)
-        tps = gettext(", {tps:,.0f} tokens/s").format(tps=self.tokens_per_s) if self.tokens_per_s else ""
-        mem = gettext(", peak {peak}").format(peak=format_bytes(self.peak_bytes)) if self.peak_bytes is not None else ""
-        where = c["device_name"] + ("" if self.on_gpu else gettext(" — a CPU figure, says nothing about a GPU"))
-        return gettext("{name}: median {median:.3f} ms (p50 {p50:.3f}, p99 {p99:.3f}){tps}{mem} [{shape}; warmup {warmup}, iters {iters}, "
-                 "torch {torch}; {where}]").format(name=self.name, median=self.median_ms, p50=self.p50_ms, p99=self.p99_ms, tps=tps,
-                                                  mem=mem, shape=shape, warmup=c["warmup"], iters=c["iters"], torch=c["torch"],
-                                                  where=where)
+        tps = _(", {tps:,.0f} tokens/s").format(tps=self.tokens_per_s) if self.tokens_per_s else ""
+        mem = _(", peak {peak}").format(peak=format_bytes(self.peak_bytes)) if self.peak_bytes is not None else ""
+        where = c["device_name"] + ("" if self.on_gpu else _(" — a CPU figure, says nothing about a GPU"))
+        return (_("{name}: median {median:.3f} ms (p50 {p50:.3f}, p99 {p99:.3f}){tps}{mem} [{shape}; warmup {warmup}, iters "
+                  "{iters}, torch {torch}; {where}]")
+                .format(name=self.name, median=self.median_ms, p50=self.p50_ms, p99=self.p99_ms, tps=tps, mem=mem, shape=shape,
+                        warmup=c["warmup"], iters=c["iters"], torch=c["torch"], where=where))
 
     def __str__(self) -> str:
         return self.summary()
@@ -133,7 +134,7 @@ def benchmark(
     if warmup < 0 or iters < 1:
         raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
     dev = torch.device(device)
-    for _ in range(warmup):
+    for _call in range(warmup):
         fn()
     synchronize(dev)
     if dev.type == "cuda" and torch.cuda.is_available():
@@ -181,7 +182,7 @@ def _time_cuda(fn: Callable[[], Any], dev: torch.device, iters: int, memory: boo
 def _time_host(fn: Callable[[], Any], dev: torch.device, iters: int, memory: bool) -> tuple[list[float], int | None, str | None, str]:
     """``iters`` calls timed with ``perf_counter`` (synchronised); peak memory in one extra untimed call."""
     times = []
-    for _ in range(iters):
+    for _call in range(iters):
         t0 = time.perf_counter()
         fn()
         synchronize(dev)
@@ -214,13 +215,13 @@ def _op_names() -> type:
 def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **sdpa_kwargs: Any) -> str:
     """Which kernel ``F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)`` runs for these inputs:
     ``"flash (fused CPU kernel)"``, ``"flash"``, ``"mem-efficient"``, ``"cudnn"`` or ``"math"``
-    (the unfused composite). Found by recording the aten ops of one call."""
+    (the unfused composite); the CPU labels in the notebook's language. Found by recording the aten ops of one call."""
     with torch.no_grad(), _op_names()() as rec:
         F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
     for op in rec.names:
         if op in _SDPA_KERNELS:
-            return _SDPA_KERNELS[op]
-    return "math" + (" (unfused, CPU)" if q.device.type == "cpu" else "")
+            return _(_SDPA_KERNELS[op])
+    return _("math (unfused, CPU)") if q.device.type == "cpu" else "math"
 
 
 @contextmanager

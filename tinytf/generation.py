@@ -18,6 +18,7 @@ from torch import nn
 from .device import intra_op_threads
 from .kvcache import KVCache
 from .rolling import RollingKVCache
+from .translation import gettext as _
 
 __all__ = ["generate", "cache_for", "sample_next"]
 
@@ -49,17 +50,19 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 def _check_request(ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None, limit: int | None) -> None:
     """``ValueError`` naming the problem with a :func:`generate` call (its prompt, sizes or sampling)."""
     if ids.dim() != 2:
-        raise ValueError(f"generate expects ids [B, T], got shape {list(ids.shape)} (add a batch axis with ids[None])")
+        raise ValueError(_("generate expects ids [B, T], got shape {shape} (add a batch axis with ids[None])")
+                         .format(shape=list(ids.shape)))
     if ids.size(1) == 0:
-        raise ValueError(f"generate needs a prompt of at least one token, got ids of shape {list(ids.shape)}")
+        raise ValueError(_("generate needs a prompt of at least one token, got ids of shape {shape}").format(shape=list(ids.shape)))
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        raise ValueError(_("max_new_tokens must be >= 0, got {n}").format(n=max_new_tokens))
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+        raise ValueError(_("temperature must be >= 0, got {t}").format(t=temperature))
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+        raise ValueError(_("top_k must be >= 1, got {k}").format(k=top_k))
     if limit is not None and ids.size(1) > limit:
-        raise ValueError(f"the prompt has {ids.size(1)} tokens but max_tokens={limit}; keep its last {limit} tokens")
+        raise ValueError(_("the prompt has {n} tokens but max_tokens={limit}; keep its last {limit} tokens")
+                         .format(n=ids.size(1), limit=limit))
 
 
 def generate(
@@ -95,13 +98,12 @@ def generate(
     _check_request(ids, max_new_tokens, temperature, top_k, limit)
     n = max_new_tokens if limit is None else min(max_new_tokens, limit - ids.size(1))
     if n < max_new_tokens:
-        warnings.warn(
-            f"generate: stopping after {n} new tokens instead of {max_new_tokens}: the prompt "
-            f"({ids.size(1)}) plus new tokens reach the model's max_tokens={limit}"
-            + (f" (the rolling cache bounds memory to window={window} tokens, not positions: the learned position "
-               f"table has {limit} rows; positions='rope' or 'alibi' have no such limit)." if window is not None else "."),
-            stacklevel=2,
-        )
+        why = (_(" (the rolling cache bounds memory to window={window} tokens, not positions: the learned position table has "
+                 "{limit} rows; positions='rope' or 'alibi' have no such limit).").format(window=window, limit=limit)
+               if window is not None else _("."))
+        warnings.warn(_("generate: stopping after {n} new tokens instead of {asked}: the prompt ({prompt}) plus new tokens reach "
+                        "the model's max_tokens={limit}{why}").format(n=n, asked=max_new_tokens, prompt=ids.size(1), limit=limit,
+                                                                       why=why), stacklevel=2)
     was_training = model.training
     model.eval()
     try:

@@ -19,6 +19,7 @@ from torch import nn
 from .block import TransformerBlock
 from .config import ModelConfig
 from .sinusoidal import SinusoidalPositions
+from .translation import gettext as _
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kvcache import KVCache
@@ -84,22 +85,21 @@ class TinyLanguageModel(nn.Module):
         those positions, never ``0 … T/P - 1``; a learned table then still stops at ``max_tokens``.
         """
         if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise ValueError(f"ids must be an integer tensor [B, T], got {ids.dtype} of shape {list(ids.shape)}")
+            raise ValueError(_("ids must be an integer tensor [B, T], got {dtype} of shape {shape}").format(dtype=ids.dtype,
+                                                                                                              shape=list(ids.shape)))
         if positions is not None and (positions.shape != ids.shape or positions.is_floating_point()):
-            raise ValueError(f"positions must be integers of the shape of ids {list(ids.shape)}, got {positions.dtype} "
-                             f"{list(positions.shape)}")
+            raise ValueError(_("positions must be integers of the shape of ids {shape}, got {dtype} {got}").format(
+                shape=list(ids.shape), dtype=positions.dtype, got=list(positions.shape)))
         t = ids.size(1)
         last = start + t if positions is None else int(positions.max()) + 1
         if last > self.max_tokens and self.config.positions == "learned":
-            raise ValueError(
-                f"{last} positions (ids {list(ids.shape)}"
-                + (f" after {start} cached" if start else "")
-                + f") exceed max_tokens={self.max_tokens}, the size of the position table. "
-                f"Keep only the last {self.max_tokens} tokens or build the model with a larger max_tokens"
-                + (" (or relative positions: positions='rope' or 'alibi')." if self.config.window is None else
-                   ". A sliding window and its rolling cache bound the memory, not the positions: every token still "
-                   "needs a row of the learned position table; relative positions (positions='rope' or 'alibi') do not.")
-            )
+            after = _(" after {start} cached").format(start=start) if start else ""
+            tail = (_(" (or relative positions: positions='rope' or 'alibi').") if self.config.window is None else
+                    _(". A sliding window and its rolling cache bound the memory, not the positions: every token still needs a "
+                      "row of the learned position table; relative positions (positions='rope' or 'alibi') do not."))
+            raise ValueError(_("{last} positions (ids {shape}{after}) exceed max_tokens={max_tokens}, the size of the position "
+                               "table. Keep only the last {max_tokens} tokens or build the model with a larger max_tokens{tail}")
+                             .format(last=last, shape=list(ids.shape), after=after, max_tokens=self.max_tokens, tail=tail))
         x = self.token(ids)  # [B, T, D]
         if self.position is not None:
             at = torch.arange(start, start + t, device=ids.device)[None, :] if positions is None else positions  # [1 or B, T]
@@ -111,19 +111,21 @@ def _resolve_config(config: ModelConfig | int | None, sizes: tuple[int, ...], fi
     """The :class:`ModelConfig` of ``TinyLanguageModel(config, *sizes, **fields)``."""
     if isinstance(config, ModelConfig):
         if sizes:
-            raise ValueError(f"TinyLanguageModel(config, ...) takes its sizes from the config; got extra positional {list(sizes)}")
+            raise ValueError(_("TinyLanguageModel(config, ...) takes its sizes from the config; got extra positional {sizes}")
+                             .format(sizes=list(sizes)))
         return ModelConfig.from_dict({**config.to_dict(), **fields}) if fields else config  # keywords override
     if isinstance(config, Mapping):
-        raise ValueError("TinyLanguageModel takes a ModelConfig, not a dict: use TinyLanguageModel.from_config(d)")
+        raise ValueError(_("TinyLanguageModel takes a ModelConfig, not a dict: use TinyLanguageModel.from_config(d)"))
     names = [f.name for f in dataclasses.fields(ModelConfig)]
     given = ((config,) if config is not None else ()) + sizes
     if config is None and sizes:
-        raise ValueError("TinyLanguageModel(None, ...): pass the sizes as keywords, e.g. TinyLanguageModel(vocab=100, dim=32)")
+        raise ValueError(_("TinyLanguageModel(None, ...): pass the sizes as keywords, e.g. TinyLanguageModel(vocab=100, dim=32)"))
     if len(given) > len(names):
-        raise ValueError(f"TinyLanguageModel takes at most {len(names)} positional values ({', '.join(names)}), got {len(given)}")
+        raise ValueError(_("TinyLanguageModel takes at most {n} positional values ({names}), got {got}").format(
+            n=len(names), names=", ".join(names), got=len(given)))
     twice = [n for n in names[: len(given)] if n in fields]
     if twice:
-        raise ValueError(f"{twice} given both by position and by keyword")
+        raise ValueError(_("{names} given both by position and by keyword").format(names=twice))
     return ModelConfig.from_dict({**dict(zip(names, given)), **fields})
 
 
@@ -134,18 +136,16 @@ def lm_loss(logits: torch.Tensor, ids: torch.Tensor, *, pad_id: int | None = Non
     are ignored and the mean is over real target tokens only.
     """
     if logits.dim() != 3 or ids.dim() != 2 or logits.shape[:2] != ids.shape:
-        raise ValueError(
-            f"lm_loss expects logits [B, T, V] computed from ids [B, T]; got logits {list(logits.shape)} "
-            f"and ids {list(ids.shape)}. Pass the full ids: lm_loss shifts them itself."
-        )
+        raise ValueError(_("lm_loss expects logits [B, T, V] computed from ids [B, T]; got logits {logits} and ids {ids}. Pass "
+                           "the full ids: lm_loss shifts them itself.").format(logits=list(logits.shape), ids=list(ids.shape)))
     if ids.size(1) < 2:
-        raise ValueError(f"lm_loss needs T >= 2 to have a next token to predict, got ids {list(ids.shape)}")
+        raise ValueError(_("lm_loss needs T >= 2 to have a next token to predict, got ids {ids}").format(ids=list(ids.shape)))
     pred = logits[:, :-1]  # [B, T-1, V]: position t predicts token t+1
     target = ids[:, 1:]  # [B, T-1]
     ignore = -100 if pad_id is None else pad_id
     n_real = (target != ignore).sum()
     if n_real == 0:
-        raise ValueError("lm_loss: every target token equals pad_id, so there is nothing to learn from")
+        raise ValueError(_("lm_loss: every target token equals pad_id, so there is nothing to learn from"))
     total = F.cross_entropy(pred.reshape(-1, pred.size(-1)), target.reshape(-1), ignore_index=ignore, reduction="sum")
     return total / n_real  # mean over real tokens only
 

@@ -147,7 +147,8 @@ def fit_scale(out: torch.Tensor, p: Probe) -> tuple[float, float]:
 def explain_scales(fitted: dict[tuple[int, int], float]) -> str:
     """What the fitted scales per (heads, d_head) say: a hard-coded constant, an extra factor, or neither."""
     found = sorted((d, s_) for (_, d), s_ in fitted.items())
-    table = ", ".join(f"d_head={d}: s={s_:.4g} (want {1 / math.sqrt(d):.4g})" for d, s_ in found)
+    table = gettext(", ").join(gettext("d_head={d}: s={s:.4g} (want {want:.4g})").format(d=d, s=s_, want=1 / math.sqrt(d))
+                               for d, s_ in found)
     ratios = [s_ * math.sqrt(d) for d, s_ in found]
     values = [s_ for _, s_ in found]
     if max(values) - min(values) < 1e-2 * max(values):

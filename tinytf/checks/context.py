@@ -164,7 +164,8 @@ def diagnose_overlapped_ring(fn: Callable[..., Tensor], world: int = 3) -> list[
     q, k, v = (torch.randn(1, 2, 4 * world, 4, generator=gen) for _ in range(3))
     right = scaled_dot_product_attention(q, k, v, is_causal=True)
     for name, layout in (("contiguous", contiguous_layout(4 * world, world)), ("zig-zag", zigzag_layout(4 * world, world))):
-        where = _("on {world} simulated ranks, {name} layout, q {shape}").format(world=world, name=name, shape=list(q.shape))
+        layout_name = _("contiguous layout") if name == "contiguous" else _("zig-zag layout")
+        where = _("on {world} simulated ranks, {layout}, q {shape}").format(world=world, layout=layout_name, shape=list(q.shape))
         runs = {}
         for late in (False, True):
             try:
@@ -179,15 +180,17 @@ def diagnose_overlapped_ring(fn: Callable[..., Tensor], world: int = 3) -> list[
         if nan[True] and not nan[False]:
             hazards.append(_("a received buffer was read before its wait() (it held NaN until then)"))
         if hazards or ok[False] != ok[True]:
-            evidence = "; ".join(hazards) if hazards else _("the result is right when each block arrives at once and wrong when it "
+            evidence = _("; ").join(hazards) if hazards else _("the result is right when each block arrives at once and wrong when it "
                                                               "arrives only at wait(), or the reverse")
             return [found(Pitfall.RING_BUFFER_REUSED, _("a ring buffer is used before its wait()"),
-                          _("{evidence}: on real processes the answer would depend on timing.").format(evidence=evidence), where=where)]
+                          _("{evidence}: on real processes the answer would depend on timing.").format(evidence=evidence),
+                          where=_("Seen {where}.").format(where=where))]
         if not ok[True]:
             worst = float("nan") if whole[True] is None or whole[True].shape != right.shape else (whole[True] - right).abs().max().item()
             return [found(Pitfall.GENERAL, _("ring attention differs from full attention"),
                           _("max |ring - full causal attention| = {worst:.2e}, whenever the blocks arrive.").format(worst=worst),
-                          where=where, fix=_("check the online-softmax merge and the global positions of each arriving block"))]
+                          where=_("Seen {where}.").format(where=where),
+                          fix=_("check the online-softmax merge and the global positions of each arriving block"))]
     return []
 
 

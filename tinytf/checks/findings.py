@@ -12,8 +12,8 @@ from ..translation import gettext as _
 from ..translation import ngettext
 from .catalog import Pitfall
 
-__all__ = ["Finding", "report", "found", "fix_sentence", "split_fix", "relation", "tensor_relation", "shape_relation", "slice_map",
-           "slices_relation", "difference_pattern"]
+__all__ = ["Finding", "report", "found", "sentences", "fix_sentence", "split_fix", "relation", "tensor_relation", "shape_relation",
+           "slice_map", "slices_relation", "difference_pattern"]
 
 
 def fix_sentence(fix: str, lang: str | None = None) -> str:
@@ -61,13 +61,22 @@ class Finding:
         return self.message
 
 
+_FULL_WIDTH_END = ("。", "；", "：", "）", "，")  # Chinese punctuation: no space follows it
+
+
+def sentences(first: str, then: str) -> str:
+    """``first`` followed by ``then``: a space between them in English, none after Chinese punctuation
+    ("…timing. Seen on …", "…时机。出现在…")."""
+    if not then:
+        return first
+    return first + ("" if first.endswith(_FULL_WIDTH_END) else " ") + then
+
+
 def found(pitfall: Pitfall, title: str, evidence: str, *, where: str = "", fix: bool | str = True) -> Finding:
     """A finding whose message is ``evidence``, then ``where`` (the inputs that show it), then the fix:
     ``fix`` when it is a string (this finding's own, already translated: ``fix=_("...")``), else the catalog's
     one-line fix for ``pitfall`` (the single source of that wording; none with ``fix=False``)."""
-    message = evidence.rstrip()
-    if where:
-        message += " " + where
+    message = sentences(evidence.rstrip(), where)
     if isinstance(fix, str):
         return Finding(pitfall, title, message + fix_sentence(fix), fix=fix)
     if fix and pitfall is not Pitfall.GENERAL:
@@ -78,7 +87,7 @@ def found(pitfall: Pitfall, title: str, evidence: str, *, where: str = "", fix: 
 def report(findings: Iterable[Finding], *, name: str | None = None) -> str:
     """A readable summary of ``findings`` (one paragraph per finding); says so when there are none."""
     findings = list(findings)
-    head = f"{name}: " if name else ""
+    head = _("{name}: ").format(name=name) if name else ""
     if not findings:
         return head + _("OK - no problems found.")
     n = len(findings)

@@ -52,7 +52,7 @@ def _cases(gen: torch.Generator, vocab: int) -> list[Case]:
 
 
 def _where(cases: list[Case], which: list[int]) -> str:
-    return only_for([f"on {cases[i].desc}" for i in which], len(which), len(cases))
+    return only_for([_("on {desc}").format(desc=cases[i].desc) for i in which], len(which), len(cases))
 
 
 def _base_losses(fn: Callable, cases: list[Case]) -> tuple[list[torch.Tensor], list[Finding]]:
@@ -110,7 +110,7 @@ def _shift_step(call: Callable, cases: list[Case], base: list[torch.Tensor], gen
                               "with ids[:, :-1]. Position t predicts token t+1."), where=_where(cases, backwards)))
     if unshifted:
         findings.append(found(Pitfall.UNSHIFTED_TARGETS, _("targets not shifted"),
-                              " and ".join(sorted(evidence, reverse=True)).capitalize() + _(": each position is scored against "
+                              _(" and ").join(sorted(evidence, reverse=True)).capitalize() + _(": each position is scored against "
                               "its own input token, which it can see."), where=_where(cases, unshifted)))
     return findings
 

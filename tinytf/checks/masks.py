@@ -109,6 +109,6 @@ def diagnose_causal_mask(fn: Callable[[int], torch.Tensor], *, sizes: Sequence[i
         miss = (~masks[t] & _tril(t)).nonzero().tolist()
         parts = ([_("future positions allowed (query, key): {leak}").format(leak=leak[:4])] if leak else []) + \
                 ([_("past or present positions blocked: {miss}").format(miss=miss[:4])] if miss else [])
-        findings.append(found(_CAUSAL, _("not a causal mask"), _("for T={t}: ").format(t=t) + "; ".join(parts) + ".",
+        findings.append(found(_CAUSAL, _("not a causal mask"), _("for T={t}: ").format(t=t) + _("; ").join(parts) + _("."),
                               where=only_for([_("for T={t}").format(t=t) for t in sorted(rest)], len(rest), len(masks))))
     return findings

@@ -108,7 +108,7 @@ def diagnose_qkv_split(fn: Callable[..., torch.Tensor]) -> list[Finding]:
                             "of others.").format(rank=rank, first=rank * w.size(0) // world, last=(rank + 1) * w.size(0) // world - 1,
                                                  rows=qkv_rows(range(rank * w.size(0) // world, (rank + 1) * w.size(0) // world),
                                                                heads, kv, d)),
-                          where=where)]
+                          where=_("Seen {where}.").format(where=where))]
         said = []
         for rank, got, right in wrong:
             mine = (qkv_rows(slice_map(got, w, 0), heads, kv, d) if isinstance(got, torch.Tensor) and got.dim() == 2

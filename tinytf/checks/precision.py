@@ -130,7 +130,7 @@ def diagnose_grad_underflow(model: torch.nn.Module, loss_fn: Callable[[torch.nn.
         fix += _(" — or train in bf16, which has fp32's range and needs no scaler")
     return [found(Pitfall.FP16_NO_GRAD_SCALER, _("{dtype} gradients underflow to zero").format(dtype=u.dtype),
                   _("{lost:,} of {total:,} gradient entries ({share:.2%}) are exactly zero in the {dtype} backward but not in fp32 "
-                    "(relative error of the gradient {err:.1e}); with the loss scaled by {scale:g} {lost_scaled:,} are (error "
+                    "(relative error of the gradient {err:.1e}); with the loss scaled by {scale:g}, {lost_scaled:,} are (error "
                     "{err_scaled:.1e}).").format(lost=u.lost, total=u.total, share=u.lost / u.total, dtype=u.dtype, err=u.error,
                                                  scale=u.scale, lost_scaled=u.lost_scaled, err_scaled=u.error_scaled), fix=fix)]
 

@@ -14,7 +14,7 @@ import torch
 from ..bench import one_thread
 from ..translation import gettext as _
 from .catalog import Pitfall
-from .findings import Finding
+from .findings import Finding, sentences
 
 __all__ = ["quietly", "error_text", "crash_finding", "first_output", "is_close", "max_abs_diff", "random_mask",
            "cover_probes", "only_for"]
@@ -46,7 +46,7 @@ def crash_finding(what: str, exc: BaseException, pitfall: Pitfall = Pitfall.GENE
         return Finding(Pitfall.GENERAL, _("{what} is not implemented yet").format(what=what),
                        _("it raised {error_text}. Fill in the TODO and run the check again.").format(error_text=error_text(exc)))
     return Finding(pitfall, _("{what} raised an exception")
-        .format(what=what), _("it raised {error_text}.{value}").format(error_text=error_text(exc), value=(' ' + hint) if hint else ''))
+        .format(what=what), sentences(_("it raised {error_text}.").format(error_text=error_text(exc)), hint))
 
 
 def first_output(out: Any) -> Any:
@@ -114,4 +114,4 @@ def only_for(descriptions: Sequence[Hashable], n_bad: int, n_total: int) -> str:
     unique = list(dict.fromkeys(descriptions))
     more = _(" and {value} more").format(value=len(unique) - 3) if len(unique) > 3 else ""
     return (_("Wrong {value_join}{more} ({n_bad} of {n_total} probes); right on the others.")
-        .format(value_join='; '.join(map(str, unique[:3])), more=more, n_bad=n_bad, n_total=n_total))
+        .format(value_join=_("; ").join(map(str, unique[:3])), more=more, n_bad=n_bad, n_total=n_total))
