@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from tinytf.checks import Finding, Pitfall, found
-from tinytf.checks.findings import slice_map
+from tinytf.checks.findings import difference_pattern, slice_map
 from tinytf.checks.parallel import qkv_rows
 
 from ...translation import gettext as _
@@ -93,12 +93,18 @@ def _ulysses_problem(outs: list[Any], q: torch.Tensor, k: torch.Tensor, v: torch
                          _("rank {r} returned {shape} instead of [B, H/P, T, d] = {want}: every block of positions attended only to "
                            "itself, the blocks side by side as if they were heads.").format(r=r, shape=list(got.shape),
                                                                                           want=list(right.shape)), where=where)
+        first, last = r * q.size(1) // world, (r + 1) * q.size(1) // world - 1
+        if isinstance(got, torch.Tensor) and got.shape == right.shape:  # the shape is right: say what differs, not the shapes
+            return Finding(Pitfall.GENERAL, _("not this rank's head group over every position"),
+                           _("{where}: rank {r} returned the right shape {shape}, but not causal attention of heads {first}…{last} "
+                             "over all {t} positions in order: {pattern}.").format(
+                               where=where, r=r, shape=list(got.shape), first=first, last=last, t=q.size(-2),
+                               pattern=difference_pattern(got.float(), right, ("B", "H/P", "T", "d"))))
         shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
         return Finding(Pitfall.GENERAL, _("not this rank's head group over every position"),
                        _("{where}: rank {r} returned {shape}; expected {want}, causal attention of heads {first}…{last} over all "
                          "{t} positions in order.").format(where=where, r=r, shape=shape, want=list(right.shape),
-                                                           first=r * q.size(1) // world, last=(r + 1) * q.size(1) // world - 1,
-                                                           t=q.size(-2)))
+                                                           first=first, last=last, t=q.size(-2)))
     return None
 
 
@@ -214,7 +220,9 @@ def _probe_ring(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str
 
 
 def _probe_ulysses(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
-    b, h, t, d = _size(gen, 1, 3), 4 * _size(gen, 1, 3), 4 * _size(gen, 1, 4), _size(gen, 2, 6)  # H and T divisible by 4
+    # on every draw, for P = 2 and 4: H / P >= 2 heads per rank (a round-robin deal differs from contiguous groups), n = T / P
+    # >= 4 positions per rank and divisible by P (positions interleaved or split again show)
+    b, h, t, d = _size(gen, 1, 3), 8 * _size(gen, 1, 3), 16 * _size(gen, 1, 3), _size(gen, 2, 6)
     q, k, v = (torch.randn(b, h, t, d, generator=gen) for _ in range(3))
     value = {f"P{p}": on_threads("ulysses", ns["seq_to_heads"], p, q, k, v) for p in WORLDS}
     return value, {"q": q, "k": k, "v": v}

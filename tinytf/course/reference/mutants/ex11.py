@@ -1,6 +1,9 @@
-"""Exercise 11's mutants: the QKV split, the row-parallel projection, ring attention's merge (see :mod:`.`).
+"""Exercise 11's mutants: the QKV split, the row-parallel projection, ring attention's merge, Ulysses' all-to-all
+(see :mod:`.`).
 
-Issue 36 extends exercise 11 (a new part): its tasks add their Family here, with the same pattern."""
+Part D's student function is Ulysses' first all-to-all only (the job runs attention on what it returns, and no inverse
+all-to-all follows): "the inverse all-to-all missing" has no place in it; the inverse all-to-all written in its place
+(the sequence split and the heads joined) is one of its mistakes."""
 
 from __future__ import annotations
 
@@ -170,4 +173,69 @@ RING = Family(
              Correct("where_mask", edits=((_MASK, 'scores = torch.where(pos_k <= pos_q, scores, torch.tensor(float("-inf")))'),))),
 )
 
-FAMILIES = (SPLIT, ROW, RING)
+_SEND = "chunks = x.unflatten(1, (p, x.size(1) // p)).movedim(1, 0)"
+_A2A = "got = comm.all_to_all(chunks.contiguous())"
+_JOIN = "return got.movedim(0, 2).flatten(2, 3)"
+IN_RANK_ORDER = N_("join the received chunks along dim 2 (the sequence) in rank order: chunk i holds rank i's positions, "
+                   "got.movedim(0, 2).flatten(2, 3)")
+
+
+def _layout(value: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The sizes of the probe's q (P = 2 ranks) in words: T, H, n = T / 2 positions per rank, H / 2 heads per rank."""
+    b, h, t, d = inputs["q"].shape
+    n = t // 2
+    return {"t": t, "h": h, "n": n, "last": t - 1, "group": h // 2, "n1": n - 1, "n2": n + 1,
+            "heads1": ", ".join(str(i) for i in range(1, h, 2)), "heads_right": ", ".join(str(i) for i in range(h // 2, h)),
+            "shape": [b, h, n, d], "want": [b, h // 2, t, d], "inverse": [b, 2 * h, n // 2, d]}
+
+
+ULYSSES = Family(
+    task="ex11_ulysses", cell="ex11_ulysses_code", subject="seq_to_heads",
+    source=("def seq_to_heads(x: torch.Tensor, comm: \"tinytf.collectives.Comm\") -> torch.Tensor:\n"
+            "    p = comm.world\n"
+            f"    {_SEND}\n"
+            f"    {_A2A}\n"
+            f"    {_JOIN}\n"),
+    mutants=(
+        Mutant("axes_swapped", Pitfall.ULYSSES_AXES_SWAPPED, N_("the received chunks were laid along the heads"),
+               N_("your seq_to_heads returns {shape} on rank 1 of P = 2, not [B, H/P, T, d] = {want}: the P chunks it receives, "
+                  "each rank's {n} positions of its head group, are laid side by side as heads, so every block of positions "
+                  "attends only to itself."),
+               N_("split dim 1 (the heads) into P chunks to send, and join the received chunks along dim 2 (the sequence) in rank "
+                  "order; the output goes back the inverse way"), facts=_layout,
+               edits=((_JOIN, "return got.movedim(0, 1).flatten(1, 2)"),)),
+        Mutant("inverse_all_to_all", Pitfall.ULYSSES_AXES_SWAPPED, N_("seq_to_heads does the inverse all-to-all"),
+               N_("your seq_to_heads splits the sequence (dim 2) to send and joins what arrives along the heads: rank 1 of P = 2 "
+                  "returns {inverse}, a quarter of the positions of twice the heads — heads_to_seq's trade, not [B, H/P, T, d] = "
+                  "{want}."),
+               N_("split dim 1 (the heads) into P chunks to send, and join the received chunks along dim 2 (the sequence) in rank "
+                  "order; the output goes back the inverse way"), facts=_layout,
+               edits=((_SEND, "chunks = x.unflatten(2, (p, x.size(2) // p)).movedim(2, 0)"),
+                      (_JOIN, "return got.movedim(0, 1).flatten(1, 2)"))),
+        Mutant("own_chunk_first", Pitfall.GENERAL, N_("seq_to_heads joins the received chunks starting with its own"),
+               N_("your rank r lays its own chunk first, then those of ranks r + 1, r + 2 …: rank 1 of P = 2 holds positions "
+                  "{n} … {last}, then 0 … {n1}: the sequence rotated, so every row attends over the wrong keys."),
+               IN_RANK_ORDER, facts=_layout, edits=((_JOIN, "return got.roll(-comm.rank, 0).movedim(0, 2).flatten(2, 3)"),)),
+        Mutant("positions_interleaved", Pitfall.GENERAL, N_("seq_to_heads interleaves the ranks' positions"),
+               N_("your result puts position i of each rank side by side: with P = 2 its sequence is 0, {n}, 1, {n2} … "
+                  "(the rank axis put after the positions before flattening), not 0 … {last} in order."),
+               IN_RANK_ORDER, facts=_layout, edits=((_JOIN, "return got.movedim(0, 3).flatten(2, 3)"),)),
+        Mutant("no_exchange", Pitfall.GENERAL, N_("seq_to_heads never calls the all-to-all"),
+               N_("your chunks never leave the rank: rank r lays the P head groups of its own {n} positions along the sequence, "
+                  "so it holds no other rank's positions and its 'heads' mix every head group."),
+               N_("send head group j to rank j and receive every rank's positions of yours: got = comm.all_to_all(chunks.contiguous())"),
+               facts=_layout, edits=((_A2A, "got = chunks.contiguous()"),)),
+        Mutant("heads_round_robin", Pitfall.GENERAL, N_("seq_to_heads deals the heads round-robin"),
+               N_("your unflatten puts the rank index inner (H/P, P): rank 1 of P = 2 receives heads {heads1} (h % P = 1), not "
+                  "the contiguous head group {heads_right}."),
+               N_("cut the heads into P contiguous groups, the group index outer: x.unflatten(1, (P, H // P)).movedim(1, 0)"),
+               facts=_layout, edits=((_SEND, "chunks = x.unflatten(1, (x.size(1) // p, p)).movedim(2, 0)"),)),
+    ),
+    correct=(Correct("chunk_cat", edits=((_SEND, "chunks = torch.stack(x.chunk(p, dim=1))"),
+                                         (_JOIN, "return torch.cat(list(got.unbind(0)), dim=2)"))),
+             Correct("reshape_permute", edits=((_SEND, "b, h, n, d = x.shape\n"
+                                                       "    chunks = x.reshape(b, p, h // p, n, d).permute(1, 0, 2, 3, 4)"),
+                                               (_JOIN, "return got.permute(1, 2, 0, 3, 4).reshape(b, h // p, p * n, d)")))),
+)
+
+FAMILIES = (SPLIT, ROW, RING, ULYSSES)
