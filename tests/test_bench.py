@@ -84,3 +84,11 @@ def test_one_thread_runs_the_block_on_one_thread_and_restores_the_setting():
     with pytest.raises(RuntimeError), one_thread():
         raise RuntimeError("the block failed")
     assert torch.get_num_threads() == before  # restored on an exception too
+
+
+def test_the_summary_speaks_the_notebooks_language(monkeypatch):
+    """Chapter 05 (issue 35): a benchmark's line in the Chinese edition; the numbers and conditions stay as they are."""
+    monkeypatch.setenv("TINYTF_LANG", "zh")
+    res = benchmark(lambda: torch.ones(4).sum(), warmup=0, iters=2, B=1, T=4)
+    text = res.summary()
+    assert "中位数" in text and "CPU 上的数字，说明不了 GPU" in text and "median" not in text and "warmup" not in text

@@ -19,7 +19,19 @@ def test_qkv_split_right_one_piece_and_other():
     [f] = diagnose_qkv_split(lambda w, r, p, h, kv: w.chunk(p)[r])
     assert f.pitfall is Pitfall.QKV_SPLIT_ONE_PIECE and CATALOG[f.pitfall].fix.replace("`", "") in f.message
     [f] = diagnose_qkv_split(lambda w, r, p, h, kv: shard_qkv(w, (r + 1) % p, p, h, kv))
-    assert f.pitfall is Pitfall.GENERAL and "W_q rows of heads" in f.message
+    assert f.pitfall is Pitfall.GENERAL and not f.fix  # no fix that belongs to another mistake
+    # what each rank holds, in terms of the reference's rows, for every wrong rank (issue 35: not "[18, 6], expected [18, 6]")
+    assert "rank 0 got W_q of heads 2–3, W_k of K/V heads 2–3, W_v of K/V heads 2–3 ([18, 6]), should get W_q of heads 0–1" in f.message
+    assert "rank 1 got W_q of heads 0–1" in f.message
+
+
+def test_qkv_rows_names_the_heads_of_each_part():
+    from tinytf.checks.parallel import qkv_rows
+
+    # heads = 4, kv_heads = 2, d = 2: rows 0-7 W_q, 8-11 W_k, 12-15 W_v
+    assert qkv_rows([4, 5, 6, 7, 10, 11, 14, 15], 4, 2, 2) == "W_q of heads 2–3, W_k of K/V head 1, W_v of K/V head 1"
+    assert qkv_rows([8, 9, 10, 11, 12, 13, 14, 15], 4, 2, 2) == "W_k of K/V heads 0–1, W_v of K/V heads 0–1"
+    assert qkv_rows([3, 4, None], 4, 2, 2) == "W_q rows 3–4, a row of no weight"
 
 
 def test_qkv_split_that_raises_is_diagnosed():
@@ -47,8 +59,37 @@ def test_row_parallel_partial_sum_and_bias_added_p_times():
     assert f.pitfall is Pitfall.FORGOTTEN_ALL_REDUCE
     [f] = diagnose_row_parallel([sum(p + b for p in partial)] * 4, ref, b)
     assert f.pitfall is Pitfall.BIAS_BEFORE_ALL_REDUCE and "(P - 1) = 3" in f.message
-    [f] = diagnose_row_parallel([summed * 2] * 4, ref, b)
-    assert f.pitfall is Pitfall.GENERAL
+    [f] = diagnose_row_parallel([summed * 2] * 4, ref, b)  # the sum doubled, the bias dropped: nothing known fits
+    assert f.pitfall is Pitfall.GENERAL and not f.fix and "split" not in f.message
+    [f] = diagnose_row_parallel([summed / 4 + b] * 4, ref, b)  # the all-reduced sum averaged (issue 35)
+    assert f.pitfall is Pitfall.GENERAL and "exactly 1/4 of the right value" in f.message and "no factor" in f.fix
+    [f] = diagnose_row_parallel([summed] * 4, ref, b)
+    assert "without its bias" in f.message
+
+
+def test_ring_mask_on_the_wrong_diagonal_is_named_with_its_own_fix():
+    import math
+
+    from tinytf.checks import diagnose_ring_attention
+    from tinytf.course.reference.ex11_ranks import on_threads
+    from tinytf.ring import contiguous_layout
+
+    def merge(offset):
+        def fn(m, l, acc, q, k, v, q_start, k_start):  # noqa: E741 - the online softmax's names
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+            pos_q = q_start + torch.arange(q.size(-2))[:, None]
+            pos_k = k_start + torch.arange(k.size(-2))[None, :]
+            scores = scores.masked_fill(pos_k > pos_q + offset, float("-inf"))
+            m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+            p, alpha = torch.exp(scores - m_new), torch.exp(m - m_new)
+            return m_new, alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v
+        return fn
+
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    for offset, words in ((-1, "one diagonal too low"), (1, "one diagonal too high")):
+        [f] = diagnose_ring_attention(on_threads("ring", merge(offset), 2, q, k, v), q, k, v, contiguous_layout(8, 2))
+        assert f.pitfall is Pitfall.CAUSAL_OFF_BY_ONE and words in f.message and "alpha" not in f.text, f
+    assert diagnose_ring_attention(on_threads("ring", merge(0), 2, q, k, v), q, k, v, contiguous_layout(8, 2)) == []
 
 
 def test_replicated_tensors():

@@ -339,3 +339,22 @@ def test_grouped_query_activations_match_saved_tensors_and_the_inference_peak(ba
         model(ids)
     pred = ledger(model, B, T, torch.float32, training=False, attention=backend)
     assert abs(pred.activations - meter.peak) <= 0.10 * meter.peak, (pred.activations, meter.peak)
+
+
+def test_the_ledger_table_and_its_comparison_rows_speak_the_notebooks_language(monkeypatch):
+    """Chapter 05 (issue 35): the Chinese edition reads the ledger's rows in Chinese; the English table is unchanged."""
+    from tinytf.memory import LEDGER_ROWS, ledger, ledger_label
+
+    model = tinytf.TinyLanguageModel(vocab=16, dim=16, heads=2, layers=1, max_tokens=8)
+    monkeypatch.setenv("TINYTF_LANG", "en")
+    en = ledger(model, 2, 8, torch.float32).table()
+    assert en.startswith("ledger: training step, B=2, T=8, fp32, attention=explicit, optimizer=adamw")
+    assert "  optimizer_state " in en and "    activations/attention " in en and "  total " in en
+    assert ledger_label("attention_saved") == "attention: explicit - fused"
+    monkeypatch.setenv("TINYTF_LANG", "zh")
+    zh = ledger(model, 2, 8, torch.float32, training=False).table()
+    assert zh.startswith("显存账本：推理（预填充），峰值出现在") and "优化器状态" in zh and "激活/注意力" in zh and "合计" in zh
+    assert not [w for w in ("parameters", "gradients", "optimizer", "activations", "total", "ledger") if w in zh.split("attention=")[1]]
+    labels = [ledger_label(key, 24) for key in LEDGER_ROWS]
+    assert len(labels) == 8 and all(not any("a" <= ch <= "z" for ch in label.split("：")[0]) for label in labels), labels
+    assert {len(label) + sum(ord(ch) > 0x2E80 for ch in label) for label in labels} == {24}  # aligned as printed

@@ -315,12 +315,19 @@ def test_ex01_diagnose_names_the_pitfall(reference_runs):
         return ex01.diagnose({**ns, **fns})
 
     unscaled = variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1))
-    assert Pitfall.SCALE in _pitfalls(unscaled) and "scaling" in _titles(unscaled)
+    assert Pitfall.SCALE in _pitfalls(unscaled) and "not divided by sqrt(d)" in _titles(unscaled)  # its mutant (issue 35)
     assert "attention_by_hand" not in _titles(unscaled), "Task 1d is judged on tinytf's scores, not on the wrong ones"
     assert Pitfall.SCALE in _pitfalls(variant(scores_by_hand=lambda q, k: q @ k.transpose(-2, -1) / q.size(-1)))
     assert Pitfall.ORIENTATION in _pitfalls(variant(scores_by_hand=lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.size(-1))))
-    wrong_axis = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-2, keepdim=True))
-    assert Pitfall.ORIENTATION in _pitfalls(wrong_axis) and "sum to one" in _titles(wrong_axis)
+    def over_queries(s):
+        e = (s - s.amax(-2, keepdim=True)).exp()
+        return e / e.sum(-2, keepdim=True)
+
+    wrong_axis = variant(softmax_by_hand=over_queries)
+    assert Pitfall.ORIENTATION in _pitfalls(wrong_axis) and "normalises over the queries" in _titles(wrong_axis)
+    two_mistakes = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-2, keepdim=True))  # no shift and the wrong axis
+    assert "sum to one" in _titles(two_mistakes) and "queries" not in " ".join(f.fix for f in two_mistakes), (
+        "no single mistake fits: the symptom, and no fix that belongs to another mistake")
     overflow = variant(softmax_by_hand=lambda s: s.exp() / s.exp().sum(-1, keepdim=True))
     assert "overflows" in _titles(overflow)
     assert "(out, weights)" in _titles(variant(attention_by_hand=lambda q, k, v: ns["attention_by_hand"](q, k, v)[0]))
@@ -338,7 +345,7 @@ def test_ex02_diagnose_names_the_pitfall(reference_runs):
     inverted = variant(build_padding_mask=lambda lengths, t, device=None: ~mask_fn(lengths, t, device))
     assert Pitfall.MASK in _pitfalls(inverted) and "inverted" in _titles(inverted)
     flat = variant(build_padding_mask=lambda lengths, t, device=None: mask_fn(lengths, t, device)[:, 0, 0, :])
-    assert "wrong shape" in _titles(flat) and "[:, None, None, :]" in " ".join(f.message for f in flat)
+    assert "returns a [B, t] mask" in _titles(flat) and "[:, None, None, :]" in " ".join(f.message for f in flat)
     after = variant(masked_softmax=lambda s, m: s.softmax(-1) * m)
     assert Pitfall.MASK in _pitfalls(after) and "after the softmax" in _titles(after)
     assert Pitfall.MASK in _pitfalls(variant(masked_softmax=lambda s, m: s.masked_fill(m, float("-inf")).softmax(-1)))
@@ -368,9 +375,9 @@ def test_ex03_diagnose_names_the_problem(reference_runs, fake_clock):
         return ex03.diagnose({**ns, **fns})
 
     no_bias = variant(mha_parameter_count=lambda dim, heads, bias=True: 4 * dim * dim)
-    assert "wrong count" in _titles(no_bias) and "bias" in no_bias[0].message
+    assert "leaves out the biases" in _titles(no_bias) and "bias" in no_bias[0].message  # its mutant (issue 35)
     per_head = variant(mha_parameter_count=lambda dim, heads, bias=True: (4 * dim * dim + 4 * dim * bias) // heads)
-    assert "wrong count" in _titles(per_head)
+    assert "divides by the head count" in _titles(per_head)
 
     timing = {
         "returns the total": lambda module, x, repeats=20, warmup=3: _loop_seconds(module, x, repeats),

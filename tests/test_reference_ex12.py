@@ -47,11 +47,14 @@ def test_the_solution_satisfies_every_judge(records):
 def test_the_hidden_inputs_are_the_hard_ones(records):
     rope = records["ex12_rope"]["inputs"]
     assert int(rope["far_positions"][0]) >= 4000, "low-precision angles show only far from position 0"
+    assert rope["half"].dtype == torch.bfloat16, "angles built in x's dtype, or a result not cast back, show on a bfloat16 x"
+    assert int(rope["near_positions"][0]) >= 1 and rope["near"].size(-1) >= 4, "positions ignored, and a second pair"
     decode = records["ex12_decode"]["inputs"]
     assert decode["past"] >= 1 and decode["q"].size(-2) == 1, "a decode step after a cache, where position 0 is wrong"
+    assert decode["chunk"]["past"] >= 1 and decode["chunk"]["q"].size(-2) >= 2, "new tokens that must not see each other's future"
     alibi = records["ex12_alibi"]["inputs"]
-    assert any(tk > tq for _, tq, tk in alibi["sizes"]), "t_k > t_q, where start and end alignment differ"
-    assert len(set(alibi["lengths"])) > 1 or min(alibi["lengths"]) < alibi["t"], "some row is padded"
+    assert [4, 3, 7] in alibi["sizes"], "several heads but not 8, t_k > t_q: slopes and alignment show"
+    assert alibi["lengths"][-1] == 2 and alibi["t"] > max(alibi["lengths"]), "every row padded, one with two real tokens"
 
 
 def test_wrong_values_are_rejected_with_a_message_that_names_the_pitfall(records):
@@ -71,7 +74,22 @@ def test_wrong_values_are_rejected_with_a_message_that_names_the_pitfall(records
     out, keys, values = reference_rope_decode(*args, store_raw=True)
     R.rejects("ex12_decode", {"out": out, "k_cache": keys, "v_cache": values}, rec["inputs"], "pitfall 33", "k_cache")
 
+    rope = records["ex12_rope"]
+    R.rejects("ex12_rope", dict(rope["value"], half=rope["value"]["half"].float()), rope["inputs"], "bfloat16", "float32")  # dtype lost
+
+    rec = records["ex12_decode"]
+    chunk = rec["inputs"]["chunk"]
+    cargs = [chunk[k] for k in ("q", "k", "v", "k_cache", "v_cache", "past")]
+    q_r = reference_rope(chunk["q"], torch.arange(chunk["past"], chunk["past"] + chunk["q"].size(-2)))
+    _, keys, values = reference_rope_decode(*cargs)
+    unmasked = torch.nn.functional.scaled_dot_product_attention(q_r, keys, values)  # no causal mask among the new tokens
+    R.rejects("ex12_decode", dict(rec["value"], chunk={"out": unmasked, "k_cache": keys, "v_cache": values}), rec["inputs"],
+              "out differs", f"past={chunk['past']}")
+
     rec = records["ex12_alibi"]
+    future = [b.masked_fill(torch.ones_like(b, dtype=torch.bool).triu(diagonal=b.size(-1) - b.size(-2) + 1), float("-inf"))
+              for b in rec["value"]["bias"]]
+    R.accepts("ex12_alibi", dict(rec["value"], bias=future), rec["inputs"])  # the keys after a query are not checked
     flipped = dict(rec["value"], bias=[-b for b in rec["value"]["bias"]])
     R.rejects("ex12_alibi", flipped, rec["inputs"], "pitfall 36", "sign is flipped")
     t = rec["inputs"]["t"]

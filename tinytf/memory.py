@@ -19,7 +19,7 @@ Four modules, one namespace (every name is importable as ``tinytf.memory.X``):
 from __future__ import annotations
 
 from .memory_io import IO_METHODS, attention_io_bytes, tiled_io_blocks
-from .memory_ledger import ATTENTION_PATHS, INT64, OPTIMIZER_STATES, Ledger, ledger, parameter_count
+from .memory_ledger import ATTENTION_PATHS, INT64, LEDGER_ROWS, OPTIMIZER_STATES, Ledger, ledger, ledger_label, parameter_count
 from .memory_meters import PeakMemoryMeter, SavedTensorMeter, state_bytes
 from .memory_sizes import (
     FP32,
@@ -37,7 +37,7 @@ from .memory_sizes import (
 
 __all__ = [
     "dtype_bytes", "dtype_name", "attention_matrix_bytes", "kv_cache_bytes", "format_bytes", "parameter_count",
-    "Ledger", "ledger", "SavedTensorMeter", "PeakMemoryMeter", "state_bytes",
+    "Ledger", "ledger", "ledger_label", "LEDGER_ROWS", "SavedTensorMeter", "PeakMemoryMeter", "state_bytes",
     "GiB", "MiB", "KiB", "OPTIMIZER_STATES", "ATTENTION_PATHS", "FP32", "INT64",
     "tiled_working_set", "attention_io_bytes", "tiled_io_blocks", "IO_METHODS", "as_dtype",
 ]

@@ -15,8 +15,36 @@ import torch
 
 from .config import ModelConfig
 from .memory_sizes import FP32, attention_matrix_bytes, dtype_bytes, dtype_name, format_bytes, kv_cache_bytes, tiled_working_set
+from .translation import N_
+from .translation import gettext as _
 
-__all__ = ["parameter_count", "Ledger", "ledger", "OPTIMIZER_STATES", "ATTENTION_PATHS", "INT64"]
+__all__ = ["parameter_count", "Ledger", "ledger", "OPTIMIZER_STATES", "ATTENTION_PATHS", "INT64", "LEDGER_ROWS", "ledger_label"]
+
+COMPONENT_LABELS = {  # a Ledger's rows as its table names them, said in the notebook's language
+    "parameters": N_("parameters"), "gradients": N_("gradients"), "optimizer_state": N_("optimizer_state"),
+    "master_weights": N_("master_weights"), "hidden": N_("activations/hidden"), "ffn": N_("activations/ffn"),
+    "attention": N_("activations/attention"), "logits": N_("activations/logits"), "other": N_("activations/other"),
+    "kv_cache": N_("kv_cache"),
+}
+
+LEDGER_ROWS = {  # the rows of a prediction-versus-measurement comparison (chapter 05), by key
+    "parameters": N_("parameters"), "gradients": N_("gradients"), "optimizer_state": N_("optimizer state"),
+    "activations_explicit": N_("activations (explicit)"), "activations_fused": N_("activations (fused)"),
+    "attention_saved": N_("attention: explicit - fused"), "peak_explicit": N_("step peak vs total (explicit)"),
+    "peak_fused": N_("step peak vs total (fused)"),
+}
+
+
+def ledger_label(key: str, width: int = 0, lang: str | None = None) -> str:
+    """The row label of :data:`LEDGER_ROWS` ``key`` (``"optimizer_state"`` -> ``"optimizer state"``, in Chinese ``"优化器状态"``),
+    in ``lang`` (default: the running notebook's language), left-aligned in ``width`` columns (a CJK character counts two)."""
+    return _pad(_(LEDGER_ROWS[key], lang), width)
+
+
+def _pad(text: str, width: int) -> str:
+    """``text`` left-aligned in ``width`` columns, a CJK character counting as two."""
+    wide = sum(1 for ch in text if ord(ch) > 0x2E80)
+    return text + " " * max(0, width - len(text) - wide)
 
 
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1}
@@ -108,18 +136,22 @@ class Ledger:
         return asdict(self) | {"activations": self.activations, "total": self.total}
 
     def table(self) -> str:
-        """A plain-text table in GiB/MiB with each component's share of the total."""
-        mode = "training step" if self.training else "inference (prefill)"
+        """A plain-text table in GiB/MiB with each component's share of the total, in the notebook's language."""
+        mode = _("training step") if self.training else _("inference (prefill)")
         if not self.training:
-            mode += f", peak in the {self.peak_phase} phase"
-        head = (f"ledger: {mode}, B={self.batch}, T={self.tokens}, {self.dtype}, attention={self.attention_path}"
-                + (f", optimizer={self.optimizer}" if self.training else "") + (", mixed precision" if self.mixed_precision else ""))
+            mode += _(", peak in the {phase} phase").format(phase=self.peak_phase)
+        head = (_("ledger: {mode}, B={batch}, T={tokens}, {dtype}, attention={path}").format(
+                    mode=mode, batch=self.batch, tokens=self.tokens, dtype=self.dtype, path=self.attention_path)
+                + (_(", optimizer={optimizer}").format(optimizer=self.optimizer) if self.training else "")
+                + (_(", mixed precision") if self.mixed_precision else ""))
         rows = [head]
         total = max(self.total, 1)
         for name, n in self.components().items():
-            indent = "  activations/" if name in self.ACTIVATIONS else ""
-            rows.append(f"  {indent + name:<28}{format_bytes(n):>12}  {100 * n / total:5.1f}%")
-        rows.append(f"  {'total':<28}{format_bytes(self.total):>12}")
+            indent = "  " if name in self.ACTIVATIONS else ""
+            label = indent + _(COMPONENT_LABELS[name])
+            rows.append(f"  {_pad(label, 28)}{format_bytes(n):>12}  {100 * n / total:5.1f}%")
+        label = _("total")
+        rows.append(f"  {_pad(label, 28)}{format_bytes(self.total):>12}")
         return "\n".join(rows)
 
     def __str__(self) -> str:

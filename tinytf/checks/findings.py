@@ -12,7 +12,8 @@ from ..translation import gettext as _
 from ..translation import ngettext
 from .catalog import Pitfall
 
-__all__ = ["Finding", "report", "found", "sentences", "fix_sentence", "split_fix", "relation", "tensor_relation", "shape_relation"]
+__all__ = ["Finding", "report", "found", "sentences", "fix_sentence", "split_fix", "relation", "tensor_relation", "shape_relation",
+           "slice_map", "slices_relation", "difference_pattern"]
 
 
 def fix_sentence(fix: str, lang: str | None = None) -> str:
@@ -190,3 +191,63 @@ def shape_relation(got: Sequence[int], want: Sequence[int], names: Sequence[str]
         said = (_("dim {i} has one more ({got}) than it should ({want})") if g > w
                 else _("dim {i} has one less ({got}) than it should ({want})"))
     return said.format(i=i, name=names[i] if i < len(names) else "", got=g, want=w)
+
+
+def _indices(idx: Sequence[int], limit: int = 6) -> str:
+    shown = ", ".join(str(i) for i in idx[:limit])
+    return shown + (", …" if len(idx) > limit else "")
+
+
+def slice_map(got: object, want: object, dim: int, *, atol: float = 1e-5) -> list[int | None]:
+    """For each index ``i`` along ``dim`` of ``got``: the first index ``j`` along ``dim`` of ``want`` whose slice
+    equals ``got``'s slice ``i`` (to ``atol``), else ``None``; ``[]`` when the other axes differ in size."""
+    import torch
+
+    if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)) or got.dim() != want.dim():
+        return []
+    g, w = got.detach().float().movedim(dim, 0), want.detach().float().movedim(dim, 0)
+    if g.shape[1:] != w.shape[1:]:
+        return []
+    out: list[int | None] = []
+    for row in g:
+        hits = [j for j in range(w.size(0)) if torch.allclose(row, w[j], atol=atol, rtol=1e-4, equal_nan=True)]
+        out.append(hits[0] if hits else None)
+    return out
+
+
+def slices_relation(got: object, want: object, dim: int, name: str) -> str:
+    """When every slice of ``got`` along ``dim`` is some slice of ``want``, but not slice ``i`` at place ``i``:
+    "your {name}s 0, 1, 2, 3 are the reference's {name}s 0, 1, 0, 1" (``name`` translated by the caller); else ``""``."""
+    found_at = slice_map(got, want, dim)
+    if not found_at or any(j is None for j in found_at) or found_at == list(range(len(found_at))):
+        return ""
+    return _("your {name} {mine} are the reference's {name} {theirs}").format(
+        name=name, mine=_indices(list(range(len(found_at))), 12), theirs=_indices([int(j) for j in found_at], 12))
+
+
+def difference_pattern(got: object, want: object, names: Sequence[str] = (), *, spread: bool = True) -> str:
+    """Where two tensors of one shape differ, in words: "only dim 2 (Tq) indices 0, 3 differ" (the axes along which
+    the differences are confined), "NaN at …", or (``spread``) how many entries differ when no axis confines them;
+    ``""`` when they agree or cannot be compared."""
+    import torch
+
+    if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)) or got.shape != want.shape or got.numel() == 0:
+        return ""
+    g, w = got.detach().double(), want.detach().double()
+    off = ~torch.isclose(g, w, rtol=1e-4, atol=1e-5, equal_nan=True)
+    if not bool(off.any()):
+        return ""
+    said, located = [], False
+    if bool(torch.isnan(g).any()) and not bool(torch.isnan(w).any()):
+        said.append(_("yours holds NaN in {n} of {total} entries").format(n=int(torch.isnan(g).sum()), total=g.numel()))
+    for axis in range(off.dim()):
+        along = off.movedim(axis, 0).reshape(off.size(axis), -1).any(dim=1)
+        if 0 < int(along.sum()) < along.numel():
+            idx = along.nonzero().flatten().tolist()
+            label = (_("dim {i} ({name})").format(i=axis, name=names[axis]) if axis < len(names) and names[axis]
+                     else _("dim {i}").format(i=axis))
+            said.append(_("only {label} indices {idx} differ").format(label=label, idx=_indices(idx)))
+            located = True
+    if not located and spread:
+        said.append(_("{n} of {total} entries differ, spread over every axis").format(n=int(off.sum()), total=off.numel()))
+    return "; ".join(said)

@@ -4,10 +4,13 @@
 - judges: ``@judge("exNN_…")`` functions (see :mod:`tinytf.course.reference.judging`) that recompute the
   reference from the inputs a hidden test exported with :func:`tinytf.course.reference.judging.record`,
   checked with the shared validators of :mod:`tinytf.course.reference.validators`;
-- ``diagnose(namespace: dict) -> list[tinytf.checks.Finding]`` (optional): run the
-  :mod:`tinytf.checks` detectors on the student's functions found in ``namespace`` and say which
-  pitfall is wrong, in plain language. :func:`check_parts` runs one check per student object and
-  :func:`call_student` calls the student's code, so that neither a missing name nor a crash escapes;
+- ``PROBES``: ``{grade_id: probe(namespace, generator) -> (value, inputs)}``, what each hidden test runs: the
+  inputs that expose each of the task's pitfalls, always, plus fresh random ones;
+- ``diagnose_tasks(namespace, only=None) -> {grade_id: [Finding]}`` and ``diagnose(namespace)`` (its findings
+  as one list): the :mod:`tinytf.checks` detectors and named checks of each task, then :func:`explained`: the
+  task's mutants (:mod:`.mutants`: the plausible mistakes, generated from the reference solution) say what a
+  wrong result is, and the judges decide on fresh inputs. :func:`check_parts` runs one check per student object
+  and :func:`call_student` calls the student's code, so that neither a missing name nor a crash escapes;
   :func:`swapped` runs a later task on tinytf's reference for the earlier ones (each task on its own).
 """
 
@@ -22,7 +25,8 @@ from tinytf.checks import Finding, Pitfall
 from ...translation import gettext as _
 from ..exercises import EXERCISES
 
-__all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings", "not_implemented", "stub_or", "swapped", "with_cause"]
+__all__ = ["EXERCISES", "Probe", "call_student", "check_parts", "judge_findings", "judge_by_task", "not_implemented", "stub_or",
+           "swapped", "with_cause", "explained", "flat"]
 
 
 
@@ -103,13 +107,13 @@ def swapped(where: dict[str, Any] | type, **objects: Any) -> Iterator[None]:
 Probe = Callable[[dict[str, Any], Any], tuple[Any, dict[str, Any]]]
 
 
-def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed: int | None = None,
-                   covered: Iterable[str] = ()) -> list[Finding]:
-    """The grader's judgement on the student's own machine: for each test cell ``grade_id`` in
-    ``probes``, ``probes[grade_id](namespace, generator)`` calls the student's code on fresh random
-    inputs and returns ``(value, inputs)``; the same judge the grader runs (:mod:`tinytf.course.reference.judging`)
-    then decides. A rejection becomes a Finding quoting the judge's message, unless ``grade_id`` is in
-    ``covered`` (a named pitfall already explains that task). Never raises.
+def judge_by_task(namespace: dict[str, Any], probes: dict[str, Probe], *, seed: int | None = None,
+                  covered: Iterable[str] = ()) -> dict[str, list[Finding]]:
+    """The grader's judgement on the student's own machine, per test cell: for each ``grade_id`` in ``probes``
+    (not in ``covered``: a named pitfall already explains that task), ``probes[grade_id](namespace, generator)``
+    calls the student's code on the probe's deterministic inputs plus fresh random ones and returns
+    ``(value, inputs)``; the same judge the grader runs (:mod:`tinytf.course.reference.judging`) then decides. A rejection
+    becomes a Finding quoting the judge's message. Never raises.
     """
     import torch
 
@@ -117,7 +121,7 @@ def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed:
 
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed)
     skip = set(covered)
-    findings: list[Finding] = []
+    found_by: dict[str, list[Finding]] = {}
     for grade_id, probe in probes.items():
         if grade_id in skip:
             continue
@@ -126,22 +130,60 @@ def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed:
         except NotImplementedError:
             continue  # the diagnosis already says "not implemented yet"
         except Exception as err:  # noqa: BLE001 - a student's crash on fresh inputs is the finding
-            findings.append(Finding(Pitfall.GENERAL, _("{grade_id} fails on fresh inputs").format(grade_id=grade_id),
-                                    f"{type(err).__name__}: {err}"))
+            found_by[grade_id] = [Finding(Pitfall.GENERAL, _("{grade_id} fails on fresh inputs").format(grade_id=grade_id),
+                                          f"{type(err).__name__}: {err}")]
             continue
         passed, message = run_judge(grade_id, value, inputs)
         if not passed:
-            findings.append(Finding(Pitfall.GENERAL, _("{grade_id} would not earn its points").format(grade_id=grade_id), message))
-    return findings
+            found_by[grade_id] = [Finding(Pitfall.GENERAL, _("{grade_id} would not earn its points").format(grade_id=grade_id), message)]
+    return found_by
 
 
-def with_cause(findings: list[Finding], grade_id: str, cause: str) -> list[Finding]:
+def judge_findings(namespace: dict[str, Any], probes: dict[str, Probe], *, seed: int | None = None,
+                   covered: Iterable[str] = ()) -> list[Finding]:
+    """:func:`judge_by_task`'s findings as one list (in the order of ``probes``)."""
+    return flat(judge_by_task(namespace, probes, seed=seed, covered=covered))
+
+
+def flat(by_task: dict[str, list[Finding]]) -> list[Finding]:
+    """Every task's findings, one list, in the order of the tasks."""
+    return [f for fs in by_task.values() for f in fs]
+
+
+Named = Callable[[], list[Finding]] | list[Finding]
+
+
+def explained(namespace: dict[str, Any], probes: dict[str, Probe], named: dict[str, Named], *,
+              only: Iterable[str] | None = None, seed: int | None = None) -> dict[str, list[Finding]]:
+    """Each task's findings explained by its mutants (:func:`.mutants.explain`: the plausible mistake whose result is the
+    student's, else the task's named checks' findings ``named[grade_id]`` — a list, or a function that computes it —,
+    else a judged "nothing fits"), then the judges on fresh inputs for every task still without a finding:
+    ``{grade_id: findings}`` over every task, or over ``only`` (the named checks of the others are not run)."""
+    from .mutants import explain
+
+    chosen = None if only is None else set(only)
+    tasks = [gid for gid in dict.fromkeys([*probes, *named]) if chosen is None or gid in chosen]
+    out = {}
+    for gid in tasks:
+        check = named.get(gid, [])
+        out[gid] = explain(namespace, gid, probes.get(gid), list(check() if callable(check) else check))
+    judged = judge_by_task(namespace, {gid: p for gid, p in probes.items() if gid in out}, seed=seed,
+                           covered=[gid for gid, fs in out.items() if fs])
+    return {gid: out[gid] + judged.get(gid, []) for gid in tasks}
+
+
+def with_cause(findings: list[Finding], grade_id: str, cause: str, *, every: bool = False) -> list[Finding]:
     """``findings`` (from :func:`judge_findings`) with ``cause`` added to the message of ``grade_id``'s
-    finding: a later task's failure that an earlier task explains says so."""
+    finding (``every``: to each of ``findings``, all about that task): a later task's failure that an earlier task
+    explains says so."""
     import dataclasses
 
     def caused(f: Finding) -> Finding:
-        evidence, fix = (f.message.split(" Fix: ", 1) + [""])[:2]
-        return dataclasses.replace(f, message=f"{evidence} — {cause}" + (f" Fix: {fix}" if fix else ""))
+        for lang in ("en", "zh"):  # the fix sentence begins with " Fix: " or its Chinese
+            mark = _(" Fix: {fix}.", lang).split("{fix}", 1)[0]
+            if mark in f.message:
+                evidence, fix = f.message.split(mark, 1)
+                return dataclasses.replace(f, message=f"{evidence} — {cause}{mark}{fix}")
+        return dataclasses.replace(f, message=f"{f.message} — {cause}")
 
-    return [caused(f) if f.title.startswith(f"{grade_id} ") else f for f in findings]
+    return [caused(f) if every or f.title.startswith(f"{grade_id} ") else f for f in findings]

@@ -7,6 +7,7 @@ Student functions (in the notebook): ``hand_qk`` (a 3x3 list), ``scores_by_hand(
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -16,12 +17,12 @@ from tinytf.checks.findings import tensor_relation
 
 from ...translation import gettext
 from ...translation import gettext as _
-from . import Probe, call_student, check_parts, judge_findings, swapped
+from . import Probe, call_student, check_parts, explained, flat, swapped
 from .judging import judge
 from .validators import close, differs, float_inputs, has_keys, shape_of, shapes, tensor
 
 __all__ = ["EXAMPLE_Q", "EXAMPLE_K", "EXAMPLE_V", "PROBES", "REFERENCE_PARTS", "reference_scores", "reference_softmax",
-           "reference_attention", "diagnose"]
+           "reference_attention", "diagnose", "diagnose_tasks"]
 
 EXAMPLE_Q = [[1.0, 0.0, 1.0, 0.0], [0.0, 2.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
 EXAMPLE_K = [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]]  # QKᵀ is not symmetric
@@ -74,14 +75,24 @@ def _judge_scores(value: Any, q: torch.Tensor, k: torch.Tensor) -> None:
 
 
 @judge("ex01_softmax")
-def _judge_softmax(value: Any, scores: torch.Tensor, large: torch.Tensor) -> None:
+def _judge_softmax(value: Any, scores: torch.Tensor, large: torch.Tensor, single: torch.Tensor | None = None) -> None:
     scores, large = float_inputs(scores, large)
     has_keys(value, ("weights", "large"), _("the softmax record"))
+    reference = "torch.softmax(scores, dim=-1)"
+    if isinstance(value.get("after"), dict):  # the inputs as the caller holds them after the calls
+        for key, given in (("scores", scores), ("large", large)):
+            after = value["after"].get(key)
+            assert isinstance(after, torch.Tensor) and after.shape == given.shape and torch.equal(after.float(), given), _(
+                "softmax_by_hand changed its input: after the call the {key} tensor passed in no longer holds its values "
+                "(an in-place operation such as sub_ or -=)").format(key=key)
     close(tensor(value["weights"], scores.shape, "softmax_by_hand(scores)"), scores.softmax(-1), "softmax_by_hand(scores)",
-          given=shapes(scores=scores), reference="torch.softmax(scores, dim=-1)")
-    big = tensor(value["large"], large.shape, _("softmax_by_hand on large scores"))
-    close(big, large.softmax(-1), _("softmax_by_hand on large scores"), given=shapes(scores=large), reference="torch.softmax(scores, "
-                                                                                                              "dim=-1)")
+          given=shapes(scores=scores), reference=reference)
+    what = _("softmax_by_hand on large scores (rows whose maxima lie far apart, large and very negative)")
+    close(tensor(value["large"], large.shape, what), large.softmax(-1), what, given=shapes(scores=large), reference=reference)
+    if single is not None:
+        (single,) = float_inputs(single)
+        what = _("softmax_by_hand on a single key")
+        close(tensor(value.get("single"), single.shape, what), single.softmax(-1), what, given=shapes(scores=single), reference=reference)
 
 
 @judge("ex01_attention")
@@ -169,9 +180,11 @@ def _diagnose_softmax(fn: Any) -> list[Finding]:
                       _("scores {scores_shape} must give weights of the same shape.").format(scores_shape=list(scores.shape)),
                       fix=_("reduce with keepdim=True and divide elementwise: e / e.sum(dim=-1, keepdim=True)"))]
     if not torch.allclose(w.sum(-1), torch.ones(scores.shape[:-1]), atol=1e-4):
-        return [found(Pitfall.ORIENTATION, _("softmax_by_hand: rows do not sum to one"),
-                      _("the weights must be normalised over the keys, the last axis."),
-                      fix=_("e / e.sum(dim=-1, keepdim=True): sum over the keys (dim=-1), not the queries"))]
+        sums = w.sum(-1).flatten()[:4].tolist()  # the symptom only: the axis mistakes are the mutants' (queries, heads)
+        return [found(Pitfall.GENERAL, _("softmax_by_hand: rows do not sum to one"),
+                      _("each row (one query, all keys) must sum to one; yours sum to {sums} …").format(
+                          sums=", ".join(f"{x:.3g}" for x in sums)),
+                      fix=_("print e.sum(dim=-1) of your weights: every entry must be 1; divide each row by its own sum"))]
     if not torch.allclose(w, scores.softmax(-1), atol=1e-5):
         return [found(Pitfall.GENERAL, _("softmax_by_hand: wrong values"),
                       differs("softmax_by_hand(scores)", w, scores.softmax(-1), _("scores {scores_shape}").format(
@@ -223,10 +236,17 @@ def _diagnose_attention(attn_fn: Any, namespace: dict[str, Any]) -> list[Finding
 
 
 def _sizes(gen: torch.Generator) -> tuple[int, int, int]:
-    """Fresh ``(Tq, Tk, d)`` with Tq != Tk, drawn independently of the hidden tests."""
+    """Fresh ``(Tq, Tk, d)`` with Tq != Tk and d > Tq (a width taken from the wrong axis always shows), drawn
+    independently of the hidden tests."""
     tq = int(torch.randint(2, 7, (1,), generator=gen))
-    return tq, tq + int(torch.randint(1, 4, (1,), generator=gen)), int(torch.randint(3, 17, (1,), generator=gen))
+    return tq, tq + int(torch.randint(1, 4, (1,), generator=gen)), tq + int(torch.randint(1, 11, (1,), generator=gen))
 
+
+LARGE = torch.tensor([[1000.0, 999.0, 0.0, -5.0, 998.5],  # a row of large scores: exp overflows without the shift
+                      [-1000.0, -1001.0, -2000.0, -999.5, -1003.0],  # very negative: 2000 below row 0's maximum
+                      [3.0, -90.0, 0.5, 1.0, 2.0]])  # a row spanning 93: exp(score - min) overflows
+"""Softmax inputs that expose each pitfall deterministically: rows whose maxima lie far apart, large and very
+negative scores, a wide spread inside a row; every softmax probe includes them (plus fresh random rows)."""
 
 def _probe_hand(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
     return torch.tensor(ns["hand_qk"], dtype=torch.float32), {"q": torch.tensor([EXAMPLE_Q]), "k": torch.tensor([EXAMPLE_K])}
@@ -239,13 +259,18 @@ def _probe_scores(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[s
 
 
 def _probe_softmax(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
-    scores, large = torch.randn(2, 3, 4, 6, generator=gen) * 4, torch.randn(3, 5, generator=gen) * 300 + 800
-    return {"weights": ns["softmax_by_hand"](scores), "large": ns["softmax_by_hand"](large)}, {"scores": scores, "large": large}
+    scores = torch.randn(2, 3, 4, 6, generator=gen) * 4
+    large = torch.cat([LARGE, torch.randn(3, 5, generator=gen) * 300 + 800])
+    single = torch.randn(2, 4, 1, generator=gen) * 5  # one key: every weight is 1
+    given = {"scores": scores.clone(), "large": large.clone()}  # what the caller holds; the calls get these tensors
+    fn = ns["softmax_by_hand"]
+    value = {"weights": fn(given["scores"]), "large": fn(given["large"]), "single": fn(single.clone()), "after": given}
+    return value, {"scores": scores, "large": large, "single": single}
 
 
 def _probe_attention(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
     tq, tk, d = _sizes(gen)
-    q, k, v = (torch.randn(2, 2, t, n, generator=gen) for t, n in ((tq, d), (tk, d), (tk, 3)))
+    q, k, v = (torch.randn(2, 2, t, n, generator=gen) for t, n in ((tq, d), (tk, d), (tk, d - 1)))  # dv != d
     with swapped(ns, **REFERENCE_PARTS):  # Task 1d is judged on its own, as in its test
         out, weights = ns["attention_by_hand"](q, k, v)
     return {"out": out, "weights": weights}, {"q": q, "k": k, "v": v}
@@ -255,16 +280,21 @@ PROBES: dict[str, Probe] = {"ex01_hand_qk": _probe_hand, "ex01_scores": _probe_s
                             "ex01_attention": _probe_attention}
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex01 functions in ``namespace`` (empty when all look right).
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex01 functions in ``namespace`` (empty lists when all look right).
 
-    The named checks run the student's code on a few fixed-seed probes (Tq != Tk, d != 4, batch and head
-    axes), attention_by_hand on tinytf's scores and softmax (each task on its own); then the grader's judges
-    decide on fresh random inputs (:data:`PROBES`) for every task that no named finding explains yet. Never raises.
+    The named checks run the student's code on a few fixed-seed probes (Tq != Tk, d != 4, batch and head axes),
+    attention_by_hand on tinytf's scores and softmax (each task on its own); the task's mutants (the plausible
+    mistakes, :mod:`.mutants.ex01`) say what a wrong result is; then the grader's judges decide on fresh random
+    inputs (:data:`PROBES`) for every task that nothing explains yet. Never raises.
     """
-    by_task = {"ex01_hand_qk": _diagnose_hand_qk(namespace.get("hand_qk")),
-               "ex01_scores": check_parts(namespace, [("scores_by_hand", _diagnose_scores)]),
-               "ex01_softmax": check_parts(namespace, [("softmax_by_hand", _diagnose_softmax)])}
-    by_task["ex01_attention"] = check_parts(namespace, [("attention_by_hand", lambda fn: _diagnose_attention(fn, namespace))])
-    findings = [f for fs in by_task.values() for f in fs]
-    return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
+    by_task = {"ex01_hand_qk": lambda: _diagnose_hand_qk(namespace.get("hand_qk")),
+               "ex01_scores": lambda: check_parts(namespace, [("scores_by_hand", _diagnose_scores)]),
+               "ex01_softmax": lambda: check_parts(namespace, [("softmax_by_hand", _diagnose_softmax)]),
+               "ex01_attention": lambda: check_parts(namespace, [("attention_by_hand", lambda fn: _diagnose_attention(fn, namespace))])}
+    return explained(namespace, PROBES, by_task, only=only)
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
+    """Findings about the student's ex01 functions in ``namespace`` (empty when all look right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))

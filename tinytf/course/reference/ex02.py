@@ -7,6 +7,7 @@ Student functions: ``build_padding_mask(lengths, t, device=None) -> bool [B, 1, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -15,11 +16,12 @@ import torch
 from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext as _
-from . import Probe, call_student, check_parts, judge_findings, swapped
+from . import Probe, call_student, check_parts, explained, flat, swapped
 from .judging import judge
 from .validators import bool_mask, close, differs, float_inputs, has_keys, shape_of, shapes, should_be, tensor
 
-__all__ = ["PROBES", "reference_masked_softmax", "reference_renormalise", "tinytf_masked_softmax", "diagnose"]
+__all__ = ["PROBES", "reference_masked_softmax", "reference_renormalise", "tinytf_masked_softmax", "diagnose", "diagnose_tasks",
+           "unchanged"]
 
 
 def reference_masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -53,11 +55,26 @@ def _judge_mask(value: Any, lengths: list[int], t: int) -> None:
             should_be=should_be(value, expected, f'lengths {list(lengths)}, t {t}')))
 
 
+def unchanged(value: Any, what: str, **given: torch.Tensor) -> None:
+    """A probe's record ``value["after"]`` (the inputs as the caller holds them after the call) still holds ``given``:
+    otherwise "``what`` changed its input …" (an in-place operation)."""
+    after = value.get("after") if isinstance(value, dict) else None
+    if not isinstance(after, dict):
+        return
+    for key, want in given.items():
+        got = after.get(key)
+        assert isinstance(got, torch.Tensor) and got.shape == want.shape and torch.equal(got, want), _(
+            "{what} changed its input: after the call the {key} tensor passed in no longer holds its values (an in-place "
+            "operation such as masked_fill_, mul_ or -=)").format(what=what, key=key)
+
+
 @judge("ex02_masked_softmax")
 def _judge_masked_softmax(value: Any, scores: torch.Tensor, mask: Any) -> None:
     mask = bool_mask(mask)
     expected = reference_masked_softmax(*float_inputs(scores), mask)
-    value = tensor(value, expected.shape, "masked_softmax(scores, mask)")
+    has_keys(value, ("weights",), _("the masked_softmax record"))
+    unchanged(value, "masked_softmax(scores, mask)", scores=scores)
+    value = tensor(value["weights"], expected.shape, "masked_softmax(scores, mask)")
     assert bool((value[~mask.expand_as(value)] == 0).all()), _("masked_softmax: blocked weights are not exactly zero")
     close(value, expected, "masked_softmax(scores, mask)", given=shapes(scores=scores, mask=mask))
 
@@ -65,7 +82,9 @@ def _judge_masked_softmax(value: Any, scores: torch.Tensor, mask: Any) -> None:
 @judge("ex02_renormalise")
 def _judge_renormalise(value: Any, weights: torch.Tensor, mask: Any) -> None:
     expected = reference_renormalise(*float_inputs(weights), bool_mask(mask))
-    close(tensor(value, expected.shape, "renormalise(weights, mask)"), expected, "renormalise(weights, mask)", atol=1e-6,
+    has_keys(value, ("weights",), _("the renormalise record"))
+    unchanged(value, "renormalise(weights, mask)", weights=weights)
+    close(tensor(value["weights"], expected.shape, "renormalise(weights, mask)"), expected, "renormalise(weights, mask)", atol=1e-6,
           given=shapes(weights=weights, mask=mask))
 
 
@@ -192,8 +211,10 @@ def _lengths(gen: torch.Generator, b: int, t: int) -> list[int]:
 
 
 def _probe_mask(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
-    b, t = int(torch.randint(2, 7, (1,), generator=gen)), int(torch.randint(3, 10, (1,), generator=gen))
-    lengths = torch.randint(1, t + 1, (b,), generator=gen).tolist()
+    """A full sequence, a one-token one and one short of full (an off-by-one, an inverted or left-aligned mask shows on
+    every draw), then fresh random lengths."""
+    t = int(torch.randint(4, 10, (1,), generator=gen))
+    lengths = [t, 1, t - 1, 2] + torch.randint(1, t + 1, (int(torch.randint(0, 4, (1,), generator=gen)),), generator=gen).tolist()
     return ns["build_padding_mask"](lengths, t), {"lengths": lengths, "t": t}
 
 
@@ -203,7 +224,8 @@ def _probe_masked_softmax(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any
     t = int(torch.randint(3, 9, (1,), generator=gen))
     mask = padding_mask(_lengths(gen, 2, t), t) & causal_mask(t)
     scores = torch.randn(2, 3, t, t, generator=gen) * 3
-    return ns["masked_softmax"](scores, mask), {"scores": scores, "mask": mask}
+    given = scores.clone()  # the tensor the call gets; the caller keeps a copy to see whether it changed
+    return {"weights": ns["masked_softmax"](given, mask), "after": {"scores": given}}, {"scores": scores, "mask": mask}
 
 
 def _probe_renormalise(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
@@ -212,7 +234,8 @@ def _probe_renormalise(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, d
     t = int(torch.randint(3, 9, (1,), generator=gen))
     weights = torch.rand(3, 2, t, t, generator=gen) + 0.05
     weights, mask = weights / weights.sum(-1, keepdim=True), padding_mask(_lengths(gen, 3, t), t)
-    return ns["renormalise"](weights, mask), {"weights": weights, "mask": mask}
+    given = weights.clone()
+    return {"weights": ns["renormalise"](given, mask), "after": {"weights": given}}, {"weights": weights, "mask": mask}
 
 
 def _probe_attention(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
@@ -232,10 +255,14 @@ TASKS = {"ex02_mask": ("build_padding_mask", _diagnose_mask), "ex02_masked_softm
          "ex02_renormalise": ("renormalise", _diagnose_renormalise)}
 
 
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex02 functions in ``namespace``: the named pitfalls, the task's
+    mutants (:mod:`.mutants.ex02`), then the grader's judges on fresh inputs for every task without one. Never raises."""
+    by_task = {gid: (lambda part=part: check_parts(namespace, [part])) for gid, part in TASKS.items()}
+    by_task["ex02_attention"] = lambda: check_parts(namespace, [("padded_attention", lambda fn: _diagnose_padded(fn, namespace))])
+    return explained(namespace, PROBES, by_task, only=only)
+
+
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex02 functions in ``namespace`` (empty when all look right): the named
-    pitfalls, then the grader's judges on fresh inputs for every task without one. Never raises."""
-    by_task = {gid: check_parts(namespace, [part]) for gid, part in TASKS.items()}
-    by_task["ex02_attention"] = check_parts(namespace, [("padded_attention", lambda fn: _diagnose_padded(fn, namespace))])
-    findings = [f for fs in by_task.values() for f in fs]
-    return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
+    """Findings about the student's ex02 functions in ``namespace`` (empty when all look right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))

@@ -8,6 +8,7 @@ Student functions: ``mha_parameter_count(dim, heads, bias=True) -> int``,
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -15,13 +16,13 @@ import torch
 from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext
-from . import Probe, call_student, check_parts, judge_findings
+from . import Probe, call_student, check_parts, explained, flat
 from .ex03_timing import diagnose_timing, timing_problem, timing_record
 from .judging import judge
 from .validators import close, differs, has_keys, how_off, seconds, shape_of, shapes
 
 __all__ = ["maps_sum_to_one", "PROBES", "timing_problem", "timing_record", "reference_parameter_count", "reference_head_weights",
-           "diagnose"]
+           "diagnose", "diagnose_tasks", "beside_time"]
 
 
 def reference_parameter_count(dim: int, heads: int, bias: bool = True) -> int:
@@ -84,9 +85,11 @@ def maps_sum_to_one(per_head_weights: Any, dim: int, heads: int, x: torch.Tensor
 
 
 @judge("ex03_results")
-def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor, formula: list | None = None, maps_sum_to_one: bool = True) -> None:
+def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor, formula: list | None = None, maps_sum_to_one: bool = True,
+                   beside_s: list | None = None) -> None:
     """``formula``: the student's mha_parameter_count per head count, ``maps_sum_to_one``: whether the student's
-    per_head_weights gives rows that sum to one (a wrong Task 3a or 3c costs that task only)."""
+    per_head_weights gives rows that sum to one (a wrong Task 3a or 3c costs that task only); ``beside_s``: the median
+    forward time of each head count's module measured by the probe beside the record (times are compared as ratios)."""
     assert isinstance(value, dict) and sorted(value) == sorted(str(h) for h in heads), gettext("results must have one entry per head count")
     b, t, _ = x.shape
     for i, h in enumerate(heads):
@@ -95,13 +98,40 @@ def _judge_results(value: Any, heads: list, dim: int, x: torch.Tensor, formula: 
         allowed = {reference_parameter_count(int(dim), int(h))} | ({formula[i]} if formula and len(formula) == len(heads) else set())
         assert r["params"] in allowed, gettext("results[{h}]['params'] is neither the module's count nor your mha_parameter_count({dim}, "
                                                "{h})").format(h=h, dim=dim)
-        assert seconds(r["time_s"], f"results[{h}]['time_s']") < 1.0, gettext("results[{h}]['time_s'] is implausible").format(h=h)
+        took = seconds(r["time_s"], f"results[{h}]['time_s']")
+        assert took < 1.0, gettext("results[{h}]['time_s'] is implausible").format(h=h)
+        if beside_s and len(beside_s) == len(heads) and float(beside_s[i]) > 0:
+            ratio = took / float(beside_s[i])
+            assert 1 / BESIDE <= ratio <= BESIDE, gettext(
+                "results[{h}]['time_s'] = {took:.3g} s is {ratio:.3g} times the forward time measured beside it ({beside:.3g} s): "
+                "store seconds per call (time_forward's value)").format(h=h, took=took, ratio=ratio, beside=float(beside_s[i]))
         w = r["weights"]
         assert isinstance(w, torch.Tensor) and tuple(w.shape) == (b, int(h), t, t), gettext("results[{h}]['weights'] must be [B, {h}, T, "
                                                                                             "T]").format(h=h)
         assert not maps_sum_to_one or bool(torch.isfinite(w).all()) and torch.allclose(w.sum(-1), torch.ones(b, int(h), t), atol=1e-4), (
             gettext("results[{h}]['weights']: rows must sum to one").format(h=h)
         )
+
+
+BESIDE = 30.0
+"""A recorded time within ``1/BESIDE … BESIDE`` times the same forward call timed beside it: loaded-machine noise (a
+few times) passes, milliseconds (1000 times) do not."""
+
+
+def beside_time(module: Any, x: torch.Tensor, calls: int = 7) -> float:
+    """Median seconds of ``module(x)`` over ``calls`` calls after two warm-up calls (no autograd): the probe's own
+    measurement, beside the student's."""
+    import time
+
+    with torch.no_grad():
+        for _ in range(2):
+            module(x)
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            module(x)
+            times.append(time.perf_counter() - start)
+    return sorted(times)[calls // 2]
 
 
 # ---- self-check diagnosis -------------------------------------------------------------------------
@@ -195,7 +225,8 @@ def _diagnose_maps(fn: Any) -> list[Finding]:
 
 
 def _probe_count(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
-    cases = []
+    """Two fixed cases (several heads, bias on and off: a count that ignores either shows on every draw), then fresh ones."""
+    cases = [[16, 4, True], [24, 2, False]]
     for _ in range(4):
         dim = 4 * int(torch.randint(2, 13, (1,), generator=gen))
         heads = [h for h in (1, 2, 4, 8) if dim % h == 0][int(torch.randint(0, 3, (1,), generator=gen))]
@@ -223,14 +254,19 @@ def _probe_maps(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str
 
 
 def _probe_results(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
-    """The notebook's own ``results`` (its experiment is not rerun), exported as the hidden test does."""
+    """The notebook's own ``results`` (its experiment is not rerun), exported as the hidden test does, with each head
+    count's forward time measured beside it."""
+    from tinytf import MultiHeadAttention
+
     results, heads = ns["results"], ns["HEADS"]
     value = {str(h): {"params": results[h]["params"], "time_s": float(results[h]["time_s"]), "weights": results[h]["weights"]}
              for h in heads}
     formula = [ns["mha_parameter_count"](ns["DIM"], h) for h in heads]
     with torch.random.fork_rng(devices=[]):
         rows_ok = maps_sum_to_one(ns["per_head_weights"], ns["DIM"], heads[0], ns["x"])
-    return value, {"heads": list(heads), "dim": ns["DIM"], "x": ns["x"], "formula": formula, "maps_sum_to_one": rows_ok}
+        beside = [beside_time(MultiHeadAttention(ns["DIM"], h).to(ns["x"].device), ns["x"]) for h in heads]
+    return value, {"heads": list(heads), "dim": ns["DIM"], "x": ns["x"], "formula": formula, "maps_sum_to_one": rows_ok,
+                   "beside_s": beside}
 
 
 PROBES: dict[str, Probe] = {"ex03_param_count": _probe_count, "ex03_timing": _probe_timing, "ex03_head_maps": _probe_maps,
@@ -239,12 +275,16 @@ TASKS = {"ex03_param_count": ("mha_parameter_count", _diagnose_count), "ex03_tim
          "ex03_head_maps": ("per_head_weights", _diagnose_maps)}
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex03 code in ``namespace`` (empty when all looks right): the named
-    problems, then the grader's judges on fresh inputs for every task without one. Never raises."""
-    by_task = {gid: check_parts(namespace, [part]) for gid, part in TASKS.items()}
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex03 code in ``namespace``: the named problems, the task's mutants
+    (:mod:`.mutants.ex03`), then the grader's judges on fresh inputs for every task without one. Never raises."""
+    by_task: dict[str, Any] = {gid: (lambda part=part: check_parts(namespace, [part])) for gid, part in TASKS.items()}
     if "results" not in namespace:
         by_task["ex03_results"] = [Finding(Pitfall.GENERAL, gettext("results is missing"), gettext("the notebook holds no results."),
                                            fix=gettext("run Task 3d's cell to fill results"))]
-    findings = [f for fs in by_task.values() for f in fs]
-    return findings + judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
+    return explained(namespace, PROBES, by_task, only=only)
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
+    """Findings about the student's ex03 code in ``namespace`` (empty when all looks right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))

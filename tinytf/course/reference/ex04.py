@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -17,11 +18,11 @@ import torch
 from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext as _
-from . import Probe, call_student, check_parts, judge_findings, swapped, with_cause
+from . import Probe, call_student, check_parts, explained, flat, swapped, with_cause
 from .judging import judge
 from .validators import close, differs, has_keys, number, shapes, tensor
 
-__all__ = ["PROBES", "reference_block_output", "reference_init", "on_reference_init", "same_curve", "diagnose"]
+__all__ = ["PROBES", "reference_block_output", "reference_init", "on_reference_init", "same_curve", "diagnose", "diagnose_tasks"]
 
 
 def reference_block_output(x: torch.Tensor, state: dict, dim: int, heads: int, max_tokens: int, expansion: int, norm: str) -> torch.Tensor:
@@ -113,6 +114,9 @@ def _judge_comparison(value: Any, steps: int, vocab: int, lrs: list) -> None:
     for key in sorted(keys):
         c = _curve(value[key], steps, f"curves[{key}]")
         assert 0.5 * math.log(vocab) < c["loss"][0] < 2 * math.log(vocab), _("curves[{key}]: the first loss is implausible").format(key=key)
+    for lr in lrs:
+        assert value[f"pre@{lr:g}"] != value[f"post@{lr:g}"], _(
+            "curves: the post-norm run at lr={lr:g} repeats the pre-norm one: build PostNormBlock for 'post'").format(lr=lr)
     learned = [key for key in keys if min(value[key]["loss"]) < 0.8 * value[key]["loss"][0]]
     assert learned, _("no run made progress: check train_curve and the learning rates")
 
@@ -269,18 +273,26 @@ PROBES: dict[str, Probe] = {"ex04_pre_block": _probe_block("PreNormBlock", "pre"
                             "ex04_train": _probe_train, "ex04_comparison": _probe_comparison}
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex04 code in ``namespace`` (empty when all looks right): the named
-    problems, then the grader's judges on fresh inputs for every task without one. Never raises."""
-    by_task = {"ex04_pre_block": check_parts(namespace, [("PreNormBlock", lambda cls: _diagnose_block("PreNormBlock", cls, "pre"))])}
-    with on_reference_init(namespace):  # Task 4b is judged on its own, as in its test
-        by_task["ex04_post_block"] = check_parts(namespace, [("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post"))])
-    by_task["ex04_train"] = check_parts(namespace, [("train_curve", _diagnose_train)])
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex04 code in ``namespace``: the named problems, the task's mutants
+    (:mod:`.mutants.ex04`), then the grader's judges on fresh inputs for every task without one. Never raises."""
+    def post() -> list[Finding]:
+        with on_reference_init(namespace):  # Task 4b is judged on its own, as in its test
+            return check_parts(namespace, [("PostNormBlock", lambda cls: _diagnose_block("PostNormBlock", cls, "post"))])
+
+    by_task: dict[str, Any] = {
+        "ex04_pre_block": lambda: check_parts(namespace, [("PreNormBlock", lambda cls: _diagnose_block("PreNormBlock", cls, "pre"))]),
+        "ex04_post_block": post, "ex04_train": lambda: check_parts(namespace, [("train_curve", _diagnose_train)])}
     if "curves" not in namespace:
         by_task["ex04_comparison"] = [Finding(Pitfall.GENERAL, _("curves is missing"), _("the notebook holds no curves."),
                                               fix=_("run Task 4d's cell to fill curves"))]
-    findings = [f for fs in by_task.values() for f in fs]
-    judged = judge_findings(namespace, PROBES, covered=[gid for gid, fs in by_task.items() if fs])
-    if by_task["ex04_train"]:  # Task 4d's curves come from the student's train_curve: say so when they fail
-        judged = with_cause(judged, "ex04_comparison", _("this fails because `train_curve` above is wrong (fix Task 4c first)"))
-    return findings + judged
+    found_by = explained(namespace, PROBES, by_task, only=only)
+    if found_by.get("ex04_train") and "ex04_comparison" in found_by:  # Task 4d's curves come from the student's train_curve
+        found_by["ex04_comparison"] = with_cause(found_by["ex04_comparison"], "ex04_comparison",
+                                                 _("this fails because `train_curve` above is wrong (fix Task 4c first)"))
+    return found_by
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
+    """Findings about the student's ex04 code in ``namespace`` (empty when all looks right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))

@@ -7,6 +7,8 @@ Student code: ``attention(q, k, v, mask=None)``, ``CrossAttention(dim, heads)`` 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -15,11 +17,11 @@ from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import N_, gettext
 from ...translation import gettext as _
-from . import Probe, call_student, check_parts, judge_findings, stub_or, swapped
+from . import Probe, call_student, check_parts, explained, flat, stub_or, swapped
 from .judging import judge
 from .validators import close, differs, float_inputs, has_keys, number, shape_of, shapes, tensor
 
-__all__ = ["reference_cross", "named_findings", "diagnose", "PROBES"]
+__all__ = ["reference_cross", "named_findings", "diagnose", "diagnose_tasks", "PROBES", "changed_inputs"]
 
 PROBE_KEYS = ("encoder_effect", "padding_leak")
 
@@ -289,18 +291,29 @@ def named_findings(namespace: dict[str, Any], parts: list[tuple[str | tuple[str,
     return findings, covered
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex05 code in ``namespace`` (empty when all looks right); never raises."""
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex05 code in ``namespace``: the named checks (parts B and C on tinytf's
+    attention when part A's is wrong), the task's mutants (:mod:`.mutants.ex05`), then the judges on fresh inputs for
+    every task without a finding. Never raises."""
     from tinytf.checks import diagnose_attention
 
-    findings, covered = named_findings(namespace, [("attention", "ex05_attention",
-                                                    lambda fn: stub_or("attention", diagnose_attention(fn)))])
-    mine = namespace.get("attention") if not findings else _reference_attention()  # part B is judged on its own
-    with swapped(namespace, attention=mine):
-        more, more_covered = named_findings(namespace, [
-            ("CrossAttention", "ex05_cross", _diagnose_cross),
-            ("probe_encoder_decoder", "ex05_encdec", lambda fn: _diagnose_probe(fn, namespace))])
-    return findings + more + judge_findings(namespace, PROBES, covered=covered | more_covered)
+    part_a = functools.cache(lambda: check_parts(namespace, [("attention", lambda fn: stub_or("attention", diagnose_attention(fn)))]))
+
+    def on_own(name: str, check: Any) -> Any:
+        def run() -> list[Finding]:
+            mine = namespace.get("attention") if not part_a() else _reference_attention()  # part B is judged on its own
+            with swapped(namespace, attention=mine):
+                return check_parts(namespace, [(name, check)])
+        return run
+
+    return explained(namespace, PROBES, {"ex05_attention": part_a, "ex05_cross": on_own("CrossAttention", _diagnose_cross),
+                                         "ex05_encdec": on_own("probe_encoder_decoder", lambda fn: _diagnose_probe(fn, namespace))},
+                     only=only)
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
+    """Findings about the student's ex05 code in ``namespace`` (empty when all looks right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))
 
 
 def _reference_attention() -> Any:

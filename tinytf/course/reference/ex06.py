@@ -9,7 +9,7 @@ structure and plausibility; the saved bytes are deterministic on a CPU and are r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -18,12 +18,11 @@ import torch.nn.functional as F
 from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext as _
-from . import Probe, call_student, judge_findings, swapped
-from .ex05 import named_findings
+from . import Probe, call_student, check_parts, explained, flat, swapped
 from .judging import judge
 from .validators import has_keys, how_off, positive
 
-__all__ = ["reference_saved_bytes", "saved_bytes", "diagnose", "PROBES"]
+__all__ = ["reference_saved_bytes", "saved_bytes", "diagnose", "diagnose_tasks", "PROBES"]
 
 ROW_KEYS = ("saved_bytes", "peak_bytes", "ms", "tokens_per_s")
 CONDITION_KEYS = ("batch", "heads", "head_dim", "dtype", "mask", "device", "repeats")
@@ -211,11 +210,17 @@ def _causal_findings(rows: dict[str, dict[int, dict[str, float]]], conditions: d
     return findings
 
 
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex06 functions in ``namespace``: the named checks, the task's mutants
+    (:mod:`.mutants.ex06`), then the judges on fresh inputs for every task without a finding. Never raises."""
+    return explained(namespace, PROBES, {
+        "ex06_saved": lambda: check_parts(namespace, [("saved_tensor_bytes", _diagnose_saved)]),
+        "ex06_bench": lambda: check_parts(namespace, [("benchmark_attention", lambda fn: _diagnose_bench(fn, namespace))])}, only=only)
+
+
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex06 functions in ``namespace`` (empty when all looks right); never raises."""
-    findings, covered = named_findings(namespace, [("saved_tensor_bytes", "ex06_saved", _diagnose_saved),
-                                                   ("benchmark_attention", "ex06_bench", lambda fn: _diagnose_bench(fn, namespace))])
-    return findings + judge_findings(namespace, PROBES, covered=covered)
+    """Findings about the student's ex06 functions in ``namespace`` (empty when all looks right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))
 
 
 # ---- probes: the judges' inputs, drawn afresh on the student's machine --------------------------

@@ -9,6 +9,7 @@ Student code: ``SimpleKVCache(layers)`` with ``update(layer, k_new, v_new) -> (k
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -17,13 +18,12 @@ from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import N_, gettext
 from ...translation import gettext as _
-from . import call_student, judge_findings
-from .ex05 import named_findings
+from . import call_student, check_parts, explained, flat
 from .ex07_probes import PROBES
 from .judging import judge
 from .validators import close, has_keys, how_off, shape_of, shapes, should_be, tensor
 
-__all__ = ["reference_two_step", "diagnose", "PROBES"]
+__all__ = ["reference_two_step", "diagnose", "diagnose_tasks", "PROBES"]
 
 
 def reference_two_step(model: torch.nn.Module, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -314,9 +314,16 @@ def _diagnose_cached(fn: Any) -> list[Finding]:
     return []
 
 
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex07 code in ``namespace``: the named checks, the task's mutants
+    (:mod:`.mutants.ex07`), then the judges on fresh inputs for every task without a finding. Never raises."""
+    return explained(namespace, PROBES, {
+        "ex07_cache": lambda: check_parts(namespace, [("SimpleKVCache", _diagnose_cache)]),
+        "ex07_step": lambda: check_parts(namespace, [("attention_step", _diagnose_step)]),
+        "ex07_generate": lambda: check_parts(namespace, [("generate_two_step_recompute", _diagnose_recompute),
+                                                          ("generate_two_step", _diagnose_cached)])}, only=only)
+
+
 def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex07 code in ``namespace`` (empty when all looks right); never raises."""
-    findings, covered = named_findings(namespace, [
-        ("SimpleKVCache", "ex07_cache", _diagnose_cache), ("attention_step", "ex07_step", _diagnose_step),
-        ("generate_two_step_recompute", "ex07_generate", _diagnose_recompute), ("generate_two_step", "ex07_generate", _diagnose_cached)])
-    return findings + judge_findings(namespace, PROBES, covered=covered)
+    """Findings about the student's ex07 code in ``namespace`` (empty when all looks right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))

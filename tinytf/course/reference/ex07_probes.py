@@ -35,7 +35,7 @@ def _probe_cache(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[st
 def _probe_step(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
     from tinytf import CausalSelfAttention, KVCache
 
-    heads = _size(gen, 1, 4)
+    heads = _size(gen, 2, 4)  # d_head != D: a scale by the model width shows
     dim, b, prefill = heads * _size(gen, 2, 6), _size(gen, 1, 3), _size(gen, 2, 6)
     n = prefill + 2 + _size(gen, 1, 3)  # then 2 tokens at once after the cached ones (past > 0, t > 1), then decodes
     attn = CausalSelfAttention(dim, heads, max_tokens=n)
@@ -51,17 +51,30 @@ def _probe_step(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str
     return torch.cat(outs, dim=1), {"x": x, "prefill": prefill, "heads": heads, **weights}
 
 
+def _greedy_tokens_differ(model: torch.nn.Module, prompt: torch.Tensor) -> bool:
+    """Whether greedy decoding picks a second token other than the first in some row (else a loop that picks token 2
+    from step 1's logits would go unseen)."""
+    with torch.no_grad():
+        tok1 = model(prompt)[:, -1].argmax(-1, keepdim=True)
+        tok2 = model(torch.cat([prompt, tok1], dim=1))[:, -1].argmax(-1, keepdim=True)
+    return bool((tok1 != tok2).any())
+
+
 def _probe_generate(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    """A fresh model and prompt whose two greedy tokens differ in some row (redrawn until they do)."""
     from tinytf import KVCache, TinyLanguageModel
 
-    config = {"vocab": _size(gen, 5, 40), "heads": _size(gen, 1, 3), "layers": _size(gen, 1, 3), "max_tokens": 16}
-    config["dim"] = config["heads"] * _size(gen, 2, 6)
-    model = TinyLanguageModel(**config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.5)
-    model.eval()
-    prompt = torch.randint(0, config["vocab"], (_size(gen, 1, 3), _size(gen, 1, 8)), generator=gen)
+    for _ in range(50):
+        config = {"vocab": _size(gen, 5, 40), "heads": _size(gen, 1, 3), "layers": _size(gen, 1, 3), "max_tokens": 16}
+        config["dim"] = config["heads"] * _size(gen, 2, 6)
+        model = TinyLanguageModel(**config)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+        model.eval()
+        prompt = torch.randint(0, config["vocab"], (_size(gen, 1, 3), _size(gen, 2, 8)), generator=gen)  # T >= 2: first != last
+        if _greedy_tokens_differ(model, prompt):
+            break
     ids, logits = ns["generate_two_step"](model, prompt, KVCache.for_model(model, prompt.size(0)))
     ids_r, logits_r = ns["generate_two_step_recompute"](model, prompt)
     value = {"ids": ids, "logits": logits, "ids_recompute": ids_r, "logits_recompute": logits_r}

@@ -11,6 +11,7 @@ weights and must be clearly below ``log(vocab)``; its schedule and memory ledger
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -19,13 +20,12 @@ from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import gettext
 from ...translation import gettext as _
-from . import call_student, judge_findings, stub_or, with_cause
-from .ex05 import named_findings
-from .ex08_probes import PROBES, earlier_parts_wrong, reference_cosine_lr
+from . import call_student, check_parts, explained, flat, stub_or, with_cause
+from .ex08_probes import EDGE_ROWS, PROBES, earlier_parts_wrong, reference_cosine_lr
 from .judging import judge
 from .validators import has_keys, positive, shape_of, shapes, should_be
 
-__all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose"]
+__all__ = ["reference_cosine_lr", "reference_evaluate", "diagnose", "diagnose_tasks"]
 
 MARGIN = 0.75  # the trained model's validation loss must be below log(vocab) - MARGIN
 REPORT_KEYS = ("val_loss", "train_loss", "tokens_per_s", "peak_memory_bytes", "memory", "lrs", "losses")
@@ -94,15 +94,33 @@ def _judge_vocab(value: Any, text: str) -> None:
     assert value["decoded"] == text, _("decode(encode(text)) must give the text back")
 
 
-@judge("ex08_batch")
-def _judge_batch(value: Any, data: torch.Tensor, block: int, batch: int) -> None:
-    block, batch = int(block), int(batch)
+def _windows(value: Any, data: torch.Tensor, block: int, batch: int) -> list[int]:
+    """The offsets of the rows of ``value``, a ``[batch, block]`` batch of windows of ``data``."""
     assert isinstance(value, torch.Tensor) and tuple(value.shape) == (batch, block), (
         _("get_batch must return [batch, block] = {value}").format(value=[batch, block])
     )
     windows = data.unfold(0, block, 1)  # [N - block + 1, block]: every allowed window
+    starts = []
     for row in value:
-        assert bool((windows == row.to(windows.dtype)).all(dim=1).any()), _("each row must be block consecutive tokens of data")
+        hits = (windows == row.to(windows.dtype)).all(dim=1).nonzero().flatten()
+        assert hits.numel(), _("each row must be block consecutive tokens of data")
+        starts.append(int(hits[0]))
+    return starts
+
+
+@judge("ex08_batch")
+def _judge_batch(value: Any, data: torch.Tensor, block: int, batch: int, edge: torch.Tensor | None = None) -> None:
+    block, batch = int(block), int(batch)
+    if edge is None:  # a record of an older probe: the batch alone
+        _windows(value, data, block, batch)
+        return
+    has_keys(value, ("rows", "edge"), _("the get_batch record"))
+    _windows(value["rows"], data, block, batch)
+    starts = _windows(value["edge"], edge, block, EDGE_ROWS)
+    last = len(edge) - block
+    assert max(starts) == last, _("get_batch never started a window at the last offset {last} of a sequence of {n} tokens "
+                                  "(block {block}) in {rows} rows: offsets run from 0 to len(data) - block inclusive").format(
+                                      last=last, n=len(edge), block=block, rows=EDGE_ROWS)
 
 
 @judge("ex08_loss")
@@ -300,25 +318,30 @@ def _diagnose_ckpt(ns: dict[str, Any]) -> list[Any]:
     return findings
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex08 code in ``namespace`` (empty when all looks right); never raises."""
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex08 code in ``namespace``: the named checks, the task's mutants
+    (:mod:`.mutants.ex08`), then the judges on fresh inputs for every task without a finding. Never raises."""
     from tinytf.checks import diagnose_lm_loss
 
-    findings, covered = named_findings(namespace, [
-        (("build_vocab", "encode", "decode"), "ex08_vocab", lambda *_: _diagnose_vocab(namespace)),
-        ("get_batch", "ex08_batch", _diagnose_batch),
-        ("next_char_loss", "ex08_loss", lambda fn: stub_or("next_char_loss", diagnose_lm_loss(fn))),
-        ("cosine_lr", "ex08_lr", _diagnose_lr),
-        (("save_checkpoint", "load_checkpoint"), "ex08_ckpt", lambda *_: _diagnose_ckpt(namespace)),
-    ])
+    named: dict[str, Any] = {
+        "ex08_vocab": lambda: check_parts(namespace, [(("build_vocab", "encode", "decode"), lambda *_: _diagnose_vocab(namespace))]),
+        "ex08_batch": lambda: check_parts(namespace, [("get_batch", _diagnose_batch)]),
+        "ex08_loss": lambda: check_parts(namespace, [("next_char_loss", lambda fn: stub_or("next_char_loss", diagnose_lm_loss(fn)))]),
+        "ex08_lr": lambda: check_parts(namespace, [("cosine_lr", _diagnose_lr)]),
+        "ex08_ckpt": lambda: check_parts(namespace, [(("save_checkpoint", "load_checkpoint"), lambda *_: _diagnose_ckpt(namespace))])}
     if not callable(namespace.get("train")):
-        findings.append(Finding(Pitfall.GENERAL, _("train is missing"), _("the notebook defines no train(...)."),
-                                fix=_("define train(...) in the notebook (keep its name and signature) and run its cell")))
-        covered.add("ex08_train")
-    judged = judge_findings(namespace, PROBES, covered=covered)
-    wrong = earlier_parts_wrong(namespace) if "ex08_train" not in covered else []
-    if wrong:  # the graded cell retrains on tinytf's versions: so does the probe (ex08_probes._probe_train)
+        named["ex08_train"] = [Finding(Pitfall.GENERAL, _("train is missing"), _("the notebook defines no train(...)."),
+                                       fix=_("define train(...) in the notebook (keep its name and signature) and run its cell"))]
+    found_by = explained(namespace, PROBES, named, only=only)
+    wrong = earlier_parts_wrong(namespace) if found_by.get("ex08_train") and callable(namespace.get("train")) else []
+    if wrong:  # the graded cell retrains on tinytf's versions: so do the probe and the mutants' comparison
         names = ", ".join(f"`{name}`" for name in wrong)
-        judged = with_cause(judged, "ex08_train", _("train was judged with tinytf's {names}, because yours above {value} wrong; this is "
-                                                    "train's own mistake").format(names=names, value='is' if len(wrong) == 1 else 'are'))
-    return findings + judged
+        found_by["ex08_train"] = with_cause(found_by["ex08_train"], "ex08_train", _(
+            "train was judged with tinytf's {names}, because yours above {value} wrong; this is train's own mistake").format(
+                names=names, value='is' if len(wrong) == 1 else 'are'), every=True)
+    return found_by
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
+    """Findings about the student's ex08 code in ``namespace`` (empty when all looks right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))

@@ -18,7 +18,9 @@ import torch
 
 from . import Probe, swapped
 
-__all__ = ["PROBES", "reference_cosine_lr", "reference_parts", "earlier_parts_wrong"]
+__all__ = ["PROBES", "reference_cosine_lr", "reference_parts", "earlier_parts_wrong", "reduced_run"]
+
+EDGE_ROWS = 200  # rows drawn from a sequence with 4 windows: each window is drawn, except with probability 4 · (3/4)^200
 
 REPORT_KEEP = ("val_loss", "train_loss", "tokens_per_s", "peak_memory_bytes", "memory", "lrs", "losses")
 
@@ -83,7 +85,8 @@ def _size(gen: torch.Generator, lo: int, hi: int) -> int:
 
 def _probe_vocab(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
     alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:!?\n0123456789"
-    text = "".join(alphabet[int(i)] for i in torch.randint(0, len(alphabet), (_size(gen, 10, 120),), generator=gen))
+    fresh = "".join(alphabet[int(i)] for i in torch.randint(0, len(alphabet), (_size(gen, 10, 120),), generator=gen))
+    text = "hello world" + fresh  # repeated characters, first seen out of sorted order: on every draw
     stoi, itos = ns["build_vocab"](text)
     ids = ns["encode"](text, stoi)
     value = {"itos": list(itos), "stoi": {str(k): int(v) for k, v in stoi.items()}, "ids": ids, "decoded": ns["decode"](ids, itos)}
@@ -94,15 +97,18 @@ def _probe_batch(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[st
     data = torch.randint(0, 1000, (_size(gen, 30, 200),), generator=gen)
     block, batch = _size(gen, 2, 16), _size(gen, 1, 10)
     x = ns["get_batch"](data, block, batch, torch.Generator().manual_seed(_size(gen, 0, 10**6)))
-    return x, {"data": data, "block": block, "batch": batch}
+    edge = torch.arange(block + 3) + 1000  # 4 possible windows, 200 rows: the last window is drawn (all but 1e-25 of the time)
+    at_edge = ns["get_batch"](edge, block, EDGE_ROWS, torch.Generator().manual_seed(_size(gen, 0, 10**6)))
+    return {"rows": x, "edge": at_edge}, {"data": data, "block": block, "batch": batch, "edge": edge}
 
 
 def _probe_loss(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
-    b, t, v = _size(gen, 1, 4), _size(gen, 3, 10), _size(gen, 3, 20)
+    b, t, v = _size(gen, 1, 4), _size(gen, 4, 10), _size(gen, 3, 20)
     logits, ids = torch.randn(b, t, v, generator=gen) * 2, torch.randint(1, v, (b, t), generator=gen)
     padded = ids.clone()
     for r in range(b):
         padded[r, _size(gen, 2, t + 1):] = 0
+    padded[0, 2:] = 0  # row 0 always ends in padding: a loss that counts it shows on every draw
     fn = ns["next_char_loss"]
     return {"plain": fn(logits, ids), "padded": fn(logits, padded, pad_id=0)}, {"logits": logits, "ids": ids, "padded_ids": padded}
 
@@ -123,8 +129,8 @@ def _probe_train(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[st
     if not wrong and not isinstance(ns.get("report"), dict):
         raise NotImplementedError  # the training cell has not run: the diagnosis says so
     with swapped(ns, **{name: reference_parts()[name] for name in wrong}):
-        main, main_inputs = _reduced_run(ns, gen, learnable=True) if wrong else _notebook_run(ns)
-        fresh, fresh_inputs = _reduced_run(ns, gen, learnable=False)
+        main, main_inputs = reduced_run(ns, gen, learnable=True) if wrong else _notebook_run(ns)
+        fresh, fresh_inputs = reduced_run(ns, gen, learnable=False)
     inputs = {**main_inputs, **{f"fresh_{key}": x for key, x in fresh_inputs.items()}}
     return {"main": main, "fresh": fresh}, inputs
 
@@ -134,7 +140,7 @@ def _notebook_run(ns: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             {"config": ns["CONFIG"], "schedule": ns["SCHEDULE"], "state_dict": dict(ns["model"].state_dict()), "val_data": ns["val_data"]})
 
 
-def _reduced_run(ns: dict[str, Any], gen: torch.Generator, *, learnable: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def reduced_run(ns: dict[str, Any], gen: torch.Generator, *, learnable: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """``train`` on a one-layer model: random tokens, or (``learnable``) a sequence whose next token follows
     from the current one, which 60 steps learn far below log(vocab)."""
     from tinytf import TinyLanguageModel

@@ -10,19 +10,19 @@ again in the grader's clean process.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from tinytf.checks import Finding
+from tinytf.checks import Finding, Pitfall
 
 from ...translation import gettext as _
-from . import Probe, judge_findings, stub_or, swapped
-from .ex05 import named_findings
+from . import Probe, check_parts, explained, flat, stub_or, swapped
 from .judging import judge
 from .validators import close, float_inputs, has_keys, how_off, shapes, tensor
 
-__all__ = ["reference_fold", "diagnose", "PROBES", "MEMORY_FRACTION"]
+__all__ = ["reference_fold", "diagnose", "diagnose_tasks", "PROBES", "MEMORY_FRACTION"]
 
 NEG_INF = float("-inf")
 MEMORY_FRACTION = 4  # the tiled forward's measured peak must stay below 1/4 of one [B, H, T, T] float32 score matrix
@@ -139,10 +139,11 @@ def _tinytf_update(ns: dict[str, Any]) -> Any:
 
 
 def _probe_update(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
-    b, bq, bk, dv = _size(gen, 1, 3), _size(gen, 2, 6), _size(gen, 2, 5), _size(gen, 2, 6)
+    b, bq, bk, dv = _size(gen, 1, 3), _size(gen, 3, 7), _size(gen, 2, 5), _size(gen, 2, 6)
     tk = bk * _size(gen, 3, 5) + _size(gen, 1, bk)  # three or more tiles, the last one partial
     ramp = torch.linspace(-4.0, 4.0, tk)  # every later tile raises the maximum ...
     scores = ramp + 0.3 * torch.randn(b, bq, tk, generator=gen)
+    scores[:, 1, :] = ramp.flip(0) + 0.3 * torch.randn(b, tk, generator=gen)  # ... except in row 1, whose first tile holds it ...
     scores[:, 0, :bk] = NEG_INF  # ... row 0's first tile is fully masked ...
     scores[:, -1, :] = NEG_INF  # ... and the last row may see nothing
     v = torch.randn(b, tk, dv, generator=gen)
@@ -157,6 +158,8 @@ def _probe_tiled(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[st
 
     b, h, d, dv, bq, bk = _size(gen, 1, 3), _size(gen, 1, 4), _size(gen, 2, 12), _size(gen, 2, 9), _size(gen, 2, 6), _size(gen, 2, 6)
     tq, tk = _size(gen, 3, 20), _size(gen, 3, 24)
+    while tq % bq == 0:  # Tq not a multiple of block_q: the last query block is partial
+        tq += 1
     while tk == tq or tk % bk == 0:  # Tq != Tk, and Tk not a multiple of block_k: the last key tile is partial
         tk += 1
     q, k, v = ordered_qkv((b, h, tq, tk, d, dv), gen, "random")
@@ -176,6 +179,8 @@ def _probe_memory(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[s
     from tinytf.memory import PeakMemoryMeter
 
     t, block = _size(gen, 448, 577), 64
+    if t % block == 0:  # a partial last tile on every draw: a tiled_forward that assumes whole tiles shows
+        t += 1
     q, k, v = (torch.randn(1, 2, t, 16, generator=gen) for _ in range(3))
     with _tinytf_update(ns), torch.no_grad(), PeakMemoryMeter("cpu") as meter:
         out = ns["tiled_forward"](q, k, v, block_q=block, block_k=block)
@@ -204,18 +209,36 @@ PROBES: dict[str, Probe] = {"ex09_update": _probe_update, "ex09_tiled": _probe_t
 # ---- self-check diagnosis -------------------------------------------------------------------------
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex09 code in ``namespace`` (empty when all looks right); never raises."""
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex09 code in ``namespace``: the named checks (parts B and C on tinytf's
+    online_softmax_update, as in their tests), the task's mutants (:mod:`.mutants.ex09`), then the judges on fresh inputs
+    for every task without a finding. Never raises."""
     from tinytf import online_softmax_update
     from tinytf.checks import diagnose_causal_tiles, diagnose_online_softmax, diagnose_tiled_attention
 
-    findings, covered = named_findings(namespace, [("online_softmax_update", "ex09_update",
-                                                    lambda fn: stub_or("online_softmax_update", diagnose_online_softmax(fn)))])
-    with swapped(namespace, online_softmax_update=online_softmax_update):  # parts B and C are judged on their own
-        tiled, tiled_covered = named_findings(namespace, [
-            ("tiled_forward", "ex09_tiled", lambda fn: stub_or("tiled_forward", diagnose_tiled_attention(fn)))])
-        causal, causal_covered = named_findings(namespace, [
-            ("causal_tiled_forward", "ex09_causal", lambda fn: stub_or("causal_tiled_forward", diagnose_causal_tiles(fn)))])
-    if tiled_covered:
-        tiled_covered.add("ex09_memory")  # the memory test runs tiled_forward too: its finding says why
-    return findings + tiled + causal + judge_findings(namespace, PROBES, covered=covered | tiled_covered | causal_covered)
+    def own(name: str, check: Any) -> Any:
+        def run() -> list[Finding]:
+            with swapped(namespace, online_softmax_update=online_softmax_update):  # parts B and C are judged on their own
+                return check_parts(namespace, [(name, lambda fn: stub_or(name, check(fn)))])
+        return run
+
+    found_by = explained(namespace, PROBES, {
+        "ex09_update": lambda: check_parts(namespace, [("online_softmax_update",
+                                                        lambda fn: stub_or("online_softmax_update", diagnose_online_softmax(fn)))]),
+        "ex09_tiled": own("tiled_forward", diagnose_tiled_attention), "ex09_causal": own("causal_tiled_forward", diagnose_causal_tiles)},
+        only=only)
+    held = [f for f in found_by.get("ex09_tiled", []) if f.pitfall is Pitfall.EXPLICIT_IN_PRODUCTION]
+    if held and "ex09_memory" in found_by:  # tiled_forward's output is right, its memory is not: the memory test's mistake
+        found_by["ex09_tiled"] = [f for f in found_by["ex09_tiled"] if f not in held]
+        found_by["ex09_memory"] = found_by["ex09_memory"] if any(f.pitfall is Pitfall.EXPLICIT_IN_PRODUCTION
+                                                                 for f in found_by["ex09_memory"]) else held
+    elif found_by.get("ex09_tiled") and found_by.get("ex09_memory"):  # the memory test runs tiled_forward too: say why it fails
+        found_by["ex09_memory"] = [Finding(Pitfall.GENERAL, _("ex09_memory would not earn its points"),
+                                           _("the memory test runs tiled_forward, whose mistake is named above (ex09_tiled)."),
+                                           fix=_("fix tiled_forward first (see its finding above)"))]
+    return found_by
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
+    """Findings about the student's ex09 code in ``namespace`` (empty when all looks right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))

@@ -11,6 +11,7 @@ process; the references are ``F.scaled_dot_product_attention(..., enable_gqa=Tru
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -19,12 +20,11 @@ from tinytf.checks import Finding, Pitfall, found
 
 from ...translation import N_
 from ...translation import gettext as _
-from . import Probe, call_student, judge_findings, stub_or, swapped
-from .ex05 import named_findings
+from . import Probe, call_student, check_parts, explained, flat, stub_or, swapped
 from .judging import judge
 from .validators import bool_mask, close, float_inputs, has_keys, how_off, shapes, tensor
 
-__all__ = ["reference_expand_kv", "reference_cache_bytes", "diagnose", "PROBES"]
+__all__ = ["reference_expand_kv", "reference_cache_bytes", "diagnose", "diagnose_tasks", "PROBES"]
 
 
 def reference_expand_kv(kv: torch.Tensor, heads: int) -> torch.Tensor:
@@ -140,6 +140,8 @@ def _size(gen: torch.Generator, lo: int, hi: int) -> int:
 
 def _probe_expand(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
     kv_heads, groups = _size(gen, 2, 4), _size(gen, 2, 4)  # 1 < kv_heads < heads: repeat and repeat_interleave differ
+    if groups == kv_heads:  # heads // kv_heads != kv_heads: grouping by the wrong count shows on every draw
+        groups += 1
     kv = torch.randn(_size(gen, 1, 3), kv_heads, _size(gen, 2, 9), _size(gen, 2, 9), generator=gen)
     return ns["expand_kv"](kv.clone(), kv_heads * groups), {"kv": kv, "heads": kv_heads * groups}
 
@@ -231,15 +233,23 @@ def _diagnose_cache(fn: Any) -> list[Finding]:
     return []  # an unnamed mistake: the judge's message says what differs
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex10 code in ``namespace`` (empty when all looks right); never raises."""
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex10 code in ``namespace``: the named checks (grouped_attention on
+    tinytf's expand_kv, as in its test), the task's mutants (:mod:`.mutants.ex10`), then the judges on fresh inputs for
+    every task without a finding. Never raises."""
     from tinytf.checks import diagnose_expand_kv, diagnose_kv_grouping, diagnose_window
 
-    findings, covered = named_findings(namespace, [
-        ("expand_kv", "ex10_expand", lambda fn: stub_or("expand_kv", diagnose_expand_kv(fn))),
-        ("cache_bytes", "ex10_cache", _diagnose_cache),
-        ("sliding_window_mask", "ex10_window", lambda fn: stub_or("sliding_window_mask", diagnose_window(fn)))])
-    with swapped(namespace, expand_kv=reference_expand_kv):  # grouped_attention is judged on its own
-        grouped, grouped_covered = named_findings(namespace, [
-            ("grouped_attention", "ex10_grouped", lambda fn: stub_or("grouped_attention", diagnose_kv_grouping(fn)))])
-    return findings + grouped + judge_findings(namespace, PROBES, covered=covered | grouped_covered)
+    def grouped() -> list[Finding]:
+        with swapped(namespace, expand_kv=reference_expand_kv):  # grouped_attention is judged on its own
+            return check_parts(namespace, [("grouped_attention", lambda fn: stub_or("grouped_attention", diagnose_kv_grouping(fn)))])
+
+    return explained(namespace, PROBES, {
+        "ex10_expand": lambda: check_parts(namespace, [("expand_kv", lambda fn: stub_or("expand_kv", diagnose_expand_kv(fn)))]),
+        "ex10_grouped": grouped, "ex10_cache": lambda: check_parts(namespace, [("cache_bytes", _diagnose_cache)]),
+        "ex10_window": lambda: check_parts(namespace, [("sliding_window_mask",
+                                                        lambda fn: stub_or("sliding_window_mask", diagnose_window(fn)))])}, only=only)
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
+    """Findings about the student's ex10 code in ``namespace`` (empty when all looks right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))

@@ -16,22 +16,24 @@ all-to-all with the sequence and head axes swapped produces).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from tinytf.checks import Finding, Pitfall, found
+from tinytf.checks.findings import difference_pattern, slice_map
+from tinytf.checks.parallel import qkv_rows
 
 from ...translation import gettext as _
-from . import Probe, call_student, judge_findings, stub_or
-from .ex05 import named_findings
+from . import Probe, call_student, check_parts, explained, flat, stub_or
 from .ex11_ranks import on_threads
 from .judging import judge
 from .validators import float_inputs, tensor
 
-__all__ = ["reference_split_qkv", "reference_row_parallel", "reference_merge_block", "reference_seq_to_heads", "diagnose", "PROBES",
-           "WORLDS"]
+__all__ = ["reference_split_qkv", "reference_row_parallel", "reference_merge_block", "reference_seq_to_heads", "diagnose",
+           "diagnose_tasks", "PROBES", "WORLDS"]
 
 WORLDS = (2, 4)  # the hidden tests' numbers of ranks
 
@@ -91,12 +93,18 @@ def _ulysses_problem(outs: list[Any], q: torch.Tensor, k: torch.Tensor, v: torch
                          _("rank {r} returned {shape} instead of [B, H/P, T, d] = {want}: every block of positions attended only to "
                            "itself, the blocks side by side as if they were heads.").format(r=r, shape=list(got.shape),
                                                                                           want=list(right.shape)), where=where)
+        first, last = r * q.size(1) // world, (r + 1) * q.size(1) // world - 1
+        if isinstance(got, torch.Tensor) and got.shape == right.shape:  # the shape is right: say what differs, not the shapes
+            return Finding(Pitfall.GENERAL, _("not this rank's head group over every position"),
+                           _("{where}: rank {r} returned the right shape {shape}, but not causal attention of heads {first}…{last} "
+                             "over all {t} positions in order: {pattern}.").format(
+                               where=where, r=r, shape=list(got.shape), first=first, last=last, t=q.size(-2),
+                               pattern=difference_pattern(got.float(), right, ("B", "H/P", "T", "d"))))
         shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
         return Finding(Pitfall.GENERAL, _("not this rank's head group over every position"),
                        _("{where}: rank {r} returned {shape}; expected {want}, causal attention of heads {first}…{last} over all "
                          "{t} positions in order.").format(where=where, r=r, shape=shape, want=list(right.shape),
-                                                           first=r * q.size(1) // world, last=(r + 1) * q.size(1) // world - 1,
-                                                           t=q.size(-2)))
+                                                           first=first, last=last, t=q.size(-2)))
     return None
 
 
@@ -134,10 +142,10 @@ def _judge_split(value: Any, weight: torch.Tensor, heads: int, kv_heads: int) ->
                                        "{Pitfall_QKV_SPLIT_ONE_PIECE_label}: take rank {r}'s heads from each of W_q, W_k and W_v").format(
                                            call=call, value=r * weight.size(0) // p, value2=(r + 1) * weight.size(0) // p - 1,
                                            Pitfall_QKV_SPLIT_ONE_PIECE_label=Pitfall.QKV_SPLIT_ONE_PIECE.label(), r=r))
-            assert torch.equal(got, want), (_("{call} is not rank {r}'s rows: the W_q rows of heads {value}…{value2}, then the W_k and "
-                                              "W_v rows of K/V heads {value3}…{value4}").format(call=call, r=r, value=r * heads // p,
-                                                  value2=(r + 1) * heads // p - 1, value3=r * kv_heads // p,
-                                                  value4=(r + 1) * kv_heads // p - 1))
+            d = weight.size(0) // (int(heads) + 2 * int(kv_heads))
+            assert torch.equal(got, want), (_("{call} holds {mine}; rank {r}'s rows are {want}").format(
+                call=call, r=r, mine=qkv_rows(slice_map(got, weight, 0), int(heads), int(kv_heads), d),
+                want=qkv_rows(slice_map(want, weight, 0), int(heads), int(kv_heads), d)))
 
 
 @judge("ex11_row")
@@ -188,8 +196,8 @@ def _size(gen: torch.Generator, lo: int, hi: int) -> int:
 
 
 def _probe_split(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
-    kv_heads = 4  # divisible by P = 2 and 4; heads = 8 makes it grouped-query (the K/V rows are fewer)
-    heads = kv_heads * _size(gen, 1, 3)
+    kv_heads = 4  # divisible by P = 2 and 4; heads = 8 or 12 makes it grouped-query (the K/V rows are fewer): on every draw
+    heads = kv_heads * _size(gen, 2, 4)
     weight = torch.randn((heads + 2 * kv_heads) * _size(gen, 1, 4), _size(gen, 2, 7), generator=gen)
     fn = ns["split_qkv"]
     value = {f"P{p}": [fn(weight.clone(), r, p, heads, kv_heads) for r in range(p)] for p in WORLDS}
@@ -212,7 +220,9 @@ def _probe_ring(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str
 
 
 def _probe_ulysses(ns: dict[str, Any], gen: torch.Generator) -> tuple[Any, dict[str, Any]]:
-    b, h, t, d = _size(gen, 1, 3), 4 * _size(gen, 1, 3), 4 * _size(gen, 1, 4), _size(gen, 2, 6)  # H and T divisible by 4
+    # on every draw, for P = 2 and 4: H / P >= 2 heads per rank (a round-robin deal differs from contiguous groups), n = T / P
+    # >= 4 positions per rank and divisible by P (positions interleaved or split again show)
+    b, h, t, d = _size(gen, 1, 3), 8 * _size(gen, 1, 3), 16 * _size(gen, 1, 3), _size(gen, 2, 6)
     q, k, v = (torch.randn(b, h, t, d, generator=gen) for _ in range(3))
     value = {f"P{p}": on_threads("ulysses", ns["seq_to_heads"], p, q, k, v) for p in WORLDS}
     return value, {"q": q, "k": k, "v": v}
@@ -258,13 +268,18 @@ def _diagnose_ulysses(fn: Any) -> list[Finding]:
     return [] if problem is None else [problem]
 
 
-def diagnose(namespace: dict[str, Any]) -> list[Finding]:
-    """Findings about the student's ex11 code in ``namespace`` (empty when all looks right); never raises."""
+def diagnose_tasks(namespace: dict[str, Any], only: Iterable[str] | None = None) -> dict[str, list[Finding]]:
+    """``{grade_id: findings}`` about the student's ex11 code in ``namespace``: the named checks of :mod:`tinytf.checks.parallel`,
+    the task's mutants (:mod:`.mutants.ex11`), then the judges on fresh inputs for every task without a finding. Never raises."""
     from tinytf.checks import diagnose_qkv_split
 
-    findings, covered = named_findings(namespace, [
-        ("split_qkv", "ex11_split", lambda fn: stub_or("split_qkv", diagnose_qkv_split(fn))),
-        ("row_parallel", "ex11_row", _diagnose_row),
-        ("merge_block", "ex11_ring", _diagnose_ring),
-        ("seq_to_heads", "ex11_ulysses", _diagnose_ulysses)])
-    return findings + judge_findings(namespace, PROBES, covered=covered)
+    return explained(namespace, PROBES, {
+        "ex11_split": lambda: check_parts(namespace, [("split_qkv", lambda fn: stub_or("split_qkv", diagnose_qkv_split(fn)))]),
+        "ex11_row": lambda: check_parts(namespace, [("row_parallel", _diagnose_row)]),
+        "ex11_ring": lambda: check_parts(namespace, [("merge_block", _diagnose_ring)]),
+        "ex11_ulysses": lambda: check_parts(namespace, [("seq_to_heads", _diagnose_ulysses)])}, only=only)
+
+
+def diagnose(namespace: dict[str, Any]) -> list[Finding]:
+    """Findings about the student's ex11 code in ``namespace`` (empty when all looks right); see :func:`diagnose_tasks`."""
+    return flat(diagnose_tasks(namespace))

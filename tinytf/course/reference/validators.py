@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import torch
 
-from tinytf.checks.findings import relation, shape_relation, tensor_relation
+from tinytf.checks.findings import difference_pattern, relation, shape_relation, tensor_relation
 
 from ...translation import N_
 from ...translation import gettext as _
@@ -56,11 +56,12 @@ def close(value: torch.Tensor, expected: torch.Tensor, what: str, *, given: str 
           reference: str = N_("the reference"), suspects: dict[str, float] | None = None) -> None:
     """``value`` has the shape of ``expected`` and agrees with it (compared in float32): otherwise
     "``what`` differs from ``reference``: for ``given`` (the input shapes) it should be … starting […]; yours is …",
-    and, when ``value`` is ``expected`` times a clean number, which (``suspects``: ``{meaning (translated): ratio}``)."""
+    and, when ``value`` is ``expected`` times a clean number, which (``suspects``: ``{meaning (translated): ratio}``);
+    otherwise where the two differ (:func:`tinytf.checks.findings.difference_pattern`: "only dim 2 indices 0, 3 differ")."""
     assert tuple(value.shape) == tuple(expected.shape), _("{what} has shape {value_shape}, expected {expected_shape}").format(what=what,
         value_shape=list(value.shape), expected_shape=list(expected.shape)) + _off(value.shape, expected.shape)
     if not torch.allclose(value.float(), expected.float(), atol=atol, rtol=rtol):
-        how = tensor_relation(value, expected, suspects=suspects)
+        how = tensor_relation(value, expected, suspects=suspects) or difference_pattern(value, expected, spread=False)
         raise AssertionError(_("{what} differs from {reference}: {should_be}").format(what=what, reference=_(reference),
                              should_be=should_be(value, expected, given)) + (f" — {how}" if how else ""))
 
