@@ -20,6 +20,7 @@ only ever read.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import multiprocessing
@@ -112,6 +113,9 @@ def _worker_start(env: dict[str, str], judge_files: list[str]) -> None:
         spec = importlib.util.spec_from_file_location(f"_tinytf_extra_judges_{i}", path)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         spec.loader.exec_module(module)  # type: ignore[union-attr]
+    # what was just imported lives as long as the worker: the collector, and the interpreter's clean-up when the
+    # pool stops the worker, skip it (that clean-up walked torch's and nbgrader's objects: 0.75 s -> 0.11 s a worker)
+    gc.freeze()
 
 
 def _kernel_env() -> dict[str, str]:
