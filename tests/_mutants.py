@@ -350,3 +350,31 @@ def check_variants(ex: str, edition: str) -> list[str]:
                 if english:
                     problems.append(f"{name}: English in the Chinese diagnosis: {english}")
     return problems
+
+
+def suite(exercises: tuple[str, ...]) -> tuple[Any, Any, Any]:
+    """The three checks of a range of exercises, each parametrised over ``exercises`` (and the editions): a test file
+    binds them to its own names. The exercises are split over several files so that xdist's ``--dist loadfile`` gives
+    the ranges to different workers."""
+    import pytest
+
+    @pytest.mark.parametrize("ex", exercises)
+    def cover(ex: str, monkeypatch: Any) -> None:
+        monkeypatch.setenv("TINYTF_DEVICE", "cpu")
+        check_cover(ex)
+
+    @pytest.mark.parametrize("edition", list(EDITIONS))
+    @pytest.mark.parametrize("ex", exercises)
+    def sources(ex: str, edition: str, monkeypatch: Any) -> None:
+        monkeypatch.setenv("TINYTF_DEVICE", "cpu")
+        check_sources(ex, edition)
+
+    @pytest.mark.parametrize("edition", list(EDITIONS))
+    @pytest.mark.parametrize("ex", exercises)
+    def variants(ex: str, edition: str, monkeypatch: Any) -> None:
+        monkeypatch.setenv("TINYTF_DEVICE", "cpu")
+        monkeypatch.setenv("TINYTF_LANG", edition)
+        problems = check_variants(ex, edition)
+        assert not problems, "\n".join(problems)
+
+    return cover, sources, variants

@@ -16,23 +16,7 @@ pytestmark = pytest.mark.grading  # executes each instructor notebook once per e
 EXERCISES = tuple(f"ex{n:02d}" for n in range(5, 8 + 1))
 
 
-@pytest.mark.parametrize("ex", EXERCISES)
-def test_every_task_has_its_mutants_and_other_correct_solutions(ex, monkeypatch):
-    monkeypatch.setenv("TINYTF_DEVICE", "cpu")
-    T.check_cover(ex)
-
-
-@pytest.mark.parametrize("edition", list(T.EDITIONS))
-@pytest.mark.parametrize("ex", EXERCISES)
-def test_the_families_are_the_solution_cells(ex, edition, monkeypatch):
-    monkeypatch.setenv("TINYTF_DEVICE", "cpu")
-    T.check_sources(ex, edition)
-
-
-@pytest.mark.parametrize("edition", list(T.EDITIONS))
-@pytest.mark.parametrize("ex", EXERCISES)
-def test_mutants_fail_and_are_named_correct_solutions_pass(ex, edition, monkeypatch):
-    monkeypatch.setenv("TINYTF_DEVICE", "cpu")
-    monkeypatch.setenv("TINYTF_LANG", edition)
-    problems = T.check_variants(ex, edition)
-    assert not problems, "\n".join(problems)
+# every task has its mutants and other correct solutions; the families are the solution cells; every mutant fails
+# and is named, every correct solution passes (tests/_mutants.py)
+test_every_task_has_its_mutants_and_other_correct_solutions, test_the_families_are_the_solution_cells, \
+    test_mutants_fail_and_are_named_correct_solutions_pass = T.suite(EXERCISES)
