@@ -14,6 +14,7 @@ from tinytf import (
     all_gather_bytes,
     all_reduce_bytes,
     all_to_all_bytes,
+    conjugate_exchange,
     copy_to_parallel,
     reduce_from_parallel,
     reduce_scatter_bytes,
@@ -137,3 +138,24 @@ def test_all_to_all_needs_one_chunk_per_rank():
     comm.rank, comm.world, comm.group = 0, 4, None
     with pytest.raises(ValueError, match=r"one chunk per rank.*P=4"):
         comm.all_to_all(torch.zeros(3, 2))
+
+
+def test_conjugate_exchange_sends_the_gradient_through_the_conjugate():
+    """The op runs forward, its conjugate on the gradient, each given the comm and told its phase (what Traffic
+    counts by). A stand-in comm: the plumbing needs no process group (the real exchanges are tested in
+    test_ulysses and test_sequence_parallel)."""
+    calls, comm = [], object()
+
+    def op(x, comm, phase):
+        calls.append(("op", phase, comm))
+        return x * 2
+
+    def conj(d_y, comm, phase):
+        calls.append(("conj", phase, comm))
+        return d_y * 3
+
+    x = torch.ones(2, 3, requires_grad=True)
+    y = conjugate_exchange(x, comm, op, conj)
+    y.sum().backward()
+    assert torch.equal(y, torch.full((2, 3), 2.0)) and torch.equal(x.grad, torch.full((2, 3), 3.0))
+    assert calls == [("op", "forward", comm), ("conj", "backward", comm)]

@@ -22,6 +22,7 @@ forward, all-reduce backward) and :func:`reduce_from_parallel` (all-reduce forwa
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -198,6 +199,27 @@ class Pending:
             work.wait()
         self._works, self._sent = [], []
         return self.received
+
+
+class _Conjugate(torch.autograd.Function):
+    """A collective ``op`` forward whose gradient is its conjugate ``conj`` (all-gather <-> reduce-scatter, an
+    all-to-all <-> its inverse): :func:`conjugate_exchange`."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, comm: Comm, op: Callable, conj: Callable) -> Tensor:
+        ctx.comm, ctx.conj = comm, conj
+        return op(x, comm, "forward")
+
+    @staticmethod
+    def backward(ctx, d_y: Tensor) -> tuple[Tensor, None, None, None]:
+        return ctx.conj(d_y.contiguous(), ctx.comm, "backward"), None, None, None
+
+
+def conjugate_exchange(x: Tensor, comm: Comm, op: Callable, conj: Callable) -> Tensor:
+    """``op(x, comm, "forward")``, differentiable: the gradient is ``conj(d_y, comm, "backward")``. ``op`` and
+    ``conj`` are each other's adjoint (what one sends where, the other brings back), as the sequence-parallel
+    gather/scatter and Ulysses' two all-to-alls are."""
+    return _Conjugate.apply(x, comm, op, conj)
 
 
 class _CopyToParallel(torch.autograd.Function):

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .block import TransformerBlock
-from .collectives import Comm
+from .collectives import Comm, conjugate_exchange
 from .parallel import TensorParallelBlock
 
 __all__ = ["gather_sequence", "scatter_sequence", "SequenceParallelBlock", "REPLICATED"]
@@ -54,35 +54,9 @@ def _reduce_scatter_seq(x: Tensor, comm: Comm, phase: str) -> Tensor:
     return part.view(t.size(0) // comm.world, *t.shape[1:]).movedim(0, 1)
 
 
-class _GatherSequence(torch.autograd.Function):
-    """All-gather along the sequence forward; reduce-scatter of the gradient backward (replaces *f*)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, comm: Comm) -> Tensor:
-        ctx.comm = comm
-        return _all_gather_seq(x, comm, "forward")
-
-    @staticmethod
-    def backward(ctx, d_y: Tensor) -> tuple[Tensor, None]:
-        return _reduce_scatter_seq(d_y, ctx.comm, "backward"), None
-
-
-class _ScatterSequence(torch.autograd.Function):
-    """Reduce-scatter along the sequence forward; all-gather of the gradient backward (replaces *g*)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, comm: Comm) -> Tensor:
-        ctx.comm = comm
-        return _reduce_scatter_seq(x, comm, "forward")
-
-    @staticmethod
-    def backward(ctx, d_y: Tensor) -> tuple[Tensor, None]:
-        return _all_gather_seq(d_y, ctx.comm, "backward"), None
-
-
 def gather_sequence(x: Tensor, comm: Comm) -> Tensor:
     """``x [B, T/P, D]`` (this rank's positions) -> ``[B, T, D]`` on every rank; the gradient is reduce-scattered."""
-    return _GatherSequence.apply(x, comm)
+    return conjugate_exchange(x, comm, _all_gather_seq, _reduce_scatter_seq)
 
 
 def scatter_sequence(x: Tensor, comm: Comm) -> Tensor:
@@ -91,7 +65,7 @@ def scatter_sequence(x: Tensor, comm: Comm) -> Tensor:
     if x.size(1) % comm.world:
         raise ValueError(f"T={x.size(1)} does not split into P={comm.world} equal blocks of positions; pad T to a multiple of "
                          f"{comm.world}")
-    return _ScatterSequence.apply(x, comm)
+    return conjugate_exchange(x, comm, _reduce_scatter_seq, _all_gather_seq)
 
 
 class SequenceParallelBlock(nn.Module):

@@ -26,7 +26,7 @@ import torch
 
 from .alibi import alibi_bias, allowed_keys, check_alibi
 from .attention import check_qkv, scaled_dot_product_attention
-from .collectives import Comm
+from .collectives import Comm, conjugate_exchange
 from .config import check_kv_heads
 from .grouped import repeat_kv
 from .masks import check_causal_window
@@ -51,35 +51,13 @@ def _heads_to_seq(x: Tensor, comm: Comm, phase: str) -> Tensor:
     return got.movedim(0, 1).flatten(1, 2)  # [B, P, h/P, n, d] -> [B, h, n, d], heads in order
 
 
-class _SeqToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, comm: Comm) -> Tensor:
-        ctx.comm = comm
-        return _seq_to_heads(x, comm, "forward")
-
-    @staticmethod
-    def backward(ctx, d_y: Tensor) -> tuple[Tensor, None]:
-        return _heads_to_seq(d_y.contiguous(), ctx.comm, "backward"), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, comm: Comm) -> Tensor:
-        ctx.comm = comm
-        return _heads_to_seq(x, comm, "forward")
-
-    @staticmethod
-    def backward(ctx, d_y: Tensor) -> tuple[Tensor, None]:
-        return _seq_to_heads(d_y.contiguous(), ctx.comm, "backward"), None
-
-
 def seq_to_heads(x: Tensor, comm: Comm) -> Tensor:
     """``[B, h, T/P, d]`` (this rank's positions, every head) -> ``[B, h/P, T, d]`` (every position, this rank's
     heads): one all-to-all. Differentiable (the gradient takes the inverse all-to-all)."""
     if x.dim() != 4 or x.size(1) % comm.world:
         raise ValueError(_("seq_to_heads takes [B, heads, T/P, d] with heads divisible by P={world}, got {shape}: Ulysses splits "
                            "the heads, so it needs heads >= P").format(world=comm.world, shape=list(x.shape)))
-    return _SeqToHeads.apply(x, comm)
+    return conjugate_exchange(x, comm, _seq_to_heads, _heads_to_seq)
 
 
 def heads_to_seq(x: Tensor, comm: Comm) -> Tensor:
@@ -87,7 +65,7 @@ def heads_to_seq(x: Tensor, comm: Comm) -> Tensor:
     if x.dim() != 4 or x.size(2) % comm.world:
         raise ValueError(_("heads_to_seq takes [B, heads/P, T, d] with T divisible by P={world}, got {shape}").format(
             world=comm.world, shape=list(x.shape)))
-    return _HeadsToSeq.apply(x, comm)
+    return conjugate_exchange(x, comm, _heads_to_seq, _seq_to_heads)
 
 
 def ulysses_kv_heads(kv_heads: int, world: int) -> int:
