@@ -228,8 +228,6 @@ def autograde(job: Job) -> SandboxRun:
     """``nbgrader autograde`` of ``job``'s one submission with its kernel in the sandbox, stopped at the
     whole-notebook limit; everything the job started is killed before it returns."""
     from nbgrader.apps import NbGraderAPI
-    from nbgrader.converters import Autograde
-    from nbgrader.preprocessors import CheckCellMetadata
     from traitlets.config import Config
 
     from ..ipynb import kernel_config
@@ -240,10 +238,6 @@ def autograde(job: Job) -> SandboxRun:
     config.merge(kernel_config(job.runtime))  # IPC sockets in the folder the sandbox shares with nbgrader
     config.KernelManager.connection_file = str(job.runtime / "kernel.json")
     config.Execute.kernel_name = KERNEL
-    # nbgrader checks the cells' metadata before the run and again after it; a kernel cannot change the notebook's
-    # metadata, so the second check (0.2 s a notebook, jsonschema) is left out of its own configurable pipeline
-    steps = Autograde.class_traits()["autograde_preprocessors"].default()
-    config.Autograde.autograde_preprocessors = [s for s in steps if s is not CheckCellMetadata]
     stopped = threading.Event()
 
     def stop() -> None:
