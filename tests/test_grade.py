@@ -293,6 +293,7 @@ def test_sandbox_mode_says_why_it_cannot_confine_a_kernel(monkeypatch, capsys):
 
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
     monkeypatch.setattr(sandbox, "_SAID", set())
+    monkeypatch.setenv("TINYTF_LANG", "en")
     sandbox.bwrap_works.cache_clear()
     try:
         with pytest.raises(ValueError, match="apt-get install bubblewrap"):
@@ -302,6 +303,12 @@ def test_sandbox_mode_says_why_it_cannot_confine_a_kernel(monkeypatch, capsys):
         assert sandbox_mode("none") == "none"
         with pytest.raises(ValueError, match="choose one of auto, bwrap, none"):
             sandbox_mode("docker")
+        monkeypatch.setattr(sandbox, "_SAID", set())  # a Chinese-speaking instructor (TINYTF_LANG=zh) reads it in Chinese
+        monkeypatch.setenv("TINYTF_LANG", "zh")
+        assert sandbox_mode("auto") == "none"
+        assert "评分只在资源限制" in capsys.readouterr().err
+        with pytest.raises(ValueError, match="没有安装 bubblewrap"):
+            sandbox_mode("bwrap")
     finally:
         sandbox.bwrap_works.cache_clear()
 

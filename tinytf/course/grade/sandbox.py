@@ -113,9 +113,9 @@ def bwrap_works() -> bool:
 _SAID: set[str] = set()
 
 
-def sandbox_mode(requested: str = "auto", lang: str = "en") -> str:
-    """``"bwrap"`` or ``"none"`` for ``tinytf grade --sandbox requested``; ``"auto"`` says once (in ``lang``,
-    the instructor's language) when it falls back to the limits alone. ValueError for ``"bwrap"`` where it cannot run."""
+def sandbox_mode(requested: str = "auto", lang: str | None = None) -> str:
+    """``"bwrap"`` or ``"none"`` for ``tinytf grade --sandbox requested``; ``"auto"`` says once (in ``lang``, by default
+    the instructor's: ``TINYTF_LANG``) when it falls back to the limits alone. ValueError for ``"bwrap"`` where it cannot run."""
     if requested not in MODES:
         raise ValueError(_("--sandbox {mode}: choose one of {modes}", lang).format(mode=requested, modes=", ".join(MODES)))
     if requested == "none":
