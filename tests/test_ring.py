@@ -182,3 +182,31 @@ def test_grouped_kv_heads_must_divide_the_query_heads():
     comm.rank, comm.world = 0, 1
     with pytest.raises(ValueError, match="kv_heads=4 does not divide heads=6"):
         ring_attention(q, k, k, layout=[[(0, 4)]], comm=comm)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_bad_blocks_and_layouts_name_the_shapes_and_the_fix(lang, monkeypatch):
+    """Each refusal names what it got and how to cut it right, in the notebook's language."""
+    monkeypatch.setenv("TINYTF_LANG", lang)
+    comm = Comm.__new__(Comm)
+    comm.rank, comm.world = 1, 2
+    q = torch.randn(1, 2, 4, 3)
+    said = {
+        "rank": ("must hold the 4 positions of layout[1]", "必须持有 layout[1]"),
+        "dims": ("give each rank its block of all four dimensions", "给每个 rank 一个四维的块"),
+        "world": ("make the layout for P=2", "按 P=2 生成布局"),
+        "sizes": ("cut T into P equal parts", "把 T 切成 P 等份"),
+    }
+    cases = {
+        "rank": (q[:, :, :3], q[:, :, :3], contiguous_layout(8, 2)),  # 3 positions where layout[1] holds 4
+        "dims": (q[0], q[0], contiguous_layout(8, 2)),
+        "world": (q, q, contiguous_layout(12, 3)),
+        "sizes": (q, q, [[(0, 3)], [(3, 8)]]),
+    }
+    assert len(cases) == len(said) == 4
+    for name, (qq, kk, layout) in cases.items():
+        with pytest.raises(ValueError) as err:
+            ring_attention(qq, kk, kk, layout=layout, comm=comm)
+        assert said[name][lang == "zh"] in str(err.value), (name, str(err.value))
+    with pytest.raises(ValueError, match=r"q \[1, 2, 3, 3\] and k \[1, 2, 3, 3\]" if lang == "en" else r"q \[1, 2, 3, 3\] 和 k"):
+        ring_attention(q[:, :, :3], q[:, :, :3], q[:, :, :3], layout=contiguous_layout(8, 2), comm=comm)

@@ -56,6 +56,7 @@ from .layouts import (
 )
 from .masks import check_causal_window
 from .tiled import online_softmax_finish, online_softmax_update
+from .translation import gettext as _
 
 __all__ = ["Layout", "RingStats", "contiguous_layout", "zigzag_layout", "shard_sequence", "unshard_sequence", "layout_positions",
            "ring_attention", "causal_scores"]
@@ -235,15 +236,18 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, layout: Layout, comm: Com
     """
     _check_heads(q, k, v)
     if len(layout) != comm.world:
-        raise ValueError(f"layout has {len(layout)} ranks but the group has P={comm.world}")
+        raise ValueError(_("layout has {n} ranks but the group has P={world}: make the layout for P={world}").format(
+            n=len(layout), world=comm.world))
     sizes = [sum(b - a for a, b in chunks) for chunks in layout]
     if len(set(sizes)) != 1:
-        raise ValueError(f"every rank must hold as many positions (the K/V blocks travel in one shape), got {sizes}")
+        raise ValueError(_("every rank must hold as many positions (the K/V blocks travel in one shape), got {sizes}: cut T into P "
+                           "equal parts").format(sizes=sizes))
     held = sizes[comm.rank]
     if q.size(-2) != held or k.size(-2) != held:
-        raise ValueError(
-            f"rank {comm.rank}: q {list(q.shape)} and k {list(k.shape)} must hold the {held} positions of layout[{comm.rank}]"
-            f" = {layout[comm.rank]}; cut them with shard_sequence(x, layout[rank])"
+        raise ValueError(_(
+            "rank {rank}: q {q} and k {k} must hold the {held} positions of layout[{rank}] = {chunks}; cut them with "
+            "shard_sequence(x, layout[rank])").format(rank=comm.rank, q=list(q.shape), k=list(k.shape), held=held,
+                                                      chunks=layout[comm.rank])
         )
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     check_alibi(slopes, q.size(1), is_causal, "ring_attention")
@@ -254,7 +258,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, layout: Layout, comm: Com
 def _check_heads(q: Tensor, k: Tensor, v: Tensor) -> None:
     """q ``[B, H, T, d]``, k and v ``[B, kv_heads, T, d]`` with ``kv_heads`` dividing ``H``."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"ring attention takes [B, H, T_local, d] blocks, got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
+        raise ValueError(_("ring attention takes [B, H, T_local, d] blocks, got q {q}, k {k}, v {v}: give each rank its block of "
+                           "all four dimensions").format(q=list(q.shape), k=list(k.shape), v=list(v.shape)))
     check_kv_heads(q.size(1), k.size(1))
     check_qkv(q[:, : k.size(1)], k, v)
 
