@@ -298,6 +298,14 @@ def _latin_sentences(text: str) -> list[str]:
     return latin(text)
 
 
+def pitfalls_named(message: str | None) -> set[int]:
+    """The pitfall numbers a test's message names: "(pitfall 30)", "(pitfalls 32, 33)", "（陷阱 32、33）"."""
+    import re
+
+    groups = re.findall(r"(?:pitfalls?|陷阱)\s*(\d+(?:\s*(?:,|、|，|and|和)\s*\d+)*)", message or "")
+    return {int(n) for g in groups for n in re.findall(r"\d+", g)}
+
+
 def check_variants(ex: str, edition: str) -> list[str]:
     """Every mutant fails a test on every seed and is named with its own fix; every correct variant earns full marks
     with no finding; validate's predicted points are the grader's on every seed. Returns the problems (empty: none)."""
@@ -340,6 +348,10 @@ def check_variants(ex: str, edition: str) -> list[str]:
                 stray = {t: [str(f) for f in fs] for t, fs in everywhere.items() if fs and t not in (task, *fam.affects)}
                 if stray:
                     problems.append(f"{name}: findings on tasks outside {(task, *fam.affects)} (add them to the family's affects): {stray}")
+            named = pitfalls_named(v["visible"][task])  # a visible message names no other mistake's pitfall
+            if named and int(variant.pitfall) not in named:
+                problems.append(f"{name}: its visible test names pitfall {sorted(named)}, not its own ({int(variant.pitfall)}): "
+                                f"{v['visible'][task][:200]}")
             mine = v["findings"].get(task, [])
             fix = "" if variant.catalog_fix else _(variant.fix)  # "": the catalog's fix, printed by the finding's message
             if not any(f.pitfall == variant.pitfall and f.title == _(variant.title) and f.fix == fix
