@@ -4,6 +4,8 @@ C++ compiler gets a clear reason instead of a failure. No timing is asserted."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.profiler import profile
@@ -34,7 +36,7 @@ def test_the_report_is_consistent_and_the_outputs_agree():
     assert report.speedup == report.eager.median_ms / report.compiled.median_ms
     assert report.equal and report.max_abs_diff <= report.tolerance
     assert len(report.eager.times_ms) == len(report.compiled.times_ms) == 3
-    assert report.eager.conditions["B"] == 2 and report.compile_s > 0
+    assert report.eager.conditions["B"] == 2 and math.isfinite(report.compile_s)  # the first call was timed apart
     assert report.compiled_kernels.fused == ()  # aot_eager traces, but generates no kernels
     assert report.eager_kernels.kernels > 0
     saved = report.eager.median_ms - report.compiled.median_ms
